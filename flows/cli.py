@@ -1,0 +1,183 @@
+"""`refinery`: the command-line contract of DESIGN.md.
+
+Every command takes --store DIR|URI (default $REFINERY_STORE, else ./refinery-store). Exit code 0 on
+success; otherwise non-zero with the reason on stderr. Prefect is imported lazily, after its home has been
+pointed inside the store, so that it never scatters state into ~ and commands that need no flow start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _prepare_prefect(store_uri: str, verbose: bool) -> None:
+    """Keep Prefect's home and database in a folder the user can see, and its console logs quiet."""
+    if "PREFECT_HOME" not in os.environ:
+        local = "://" not in store_uri or store_uri.startswith("file://")
+        base = Path(store_uri.removeprefix("file://")) if local else Path.cwd()
+        os.environ["PREFECT_HOME"] = str((base / ".prefect").resolve())
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise ValueError(f"--param {p!r}: expected key=value")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def cmd_ingest(a: argparse.Namespace) -> int:
+    _prepare_prefect(a.store, a.verbose)
+    from flows.ingest import ingest
+
+    summary = ingest(a.source, size=a.size, seed=a.seed, params=_params(a.param), skip_invalid=a.skip_invalid,
+                     source_name=a.source_name, store=a.store)
+    for line in summary["skipped"]:
+        print(f"skipped {line}", file=sys.stderr)
+    print(
+        f"{summary['source']}: {summary['read']} rows read, {summary['new']} new prompts landed, "
+        f"{summary['already_present']} already in the store, {summary['duplicates_in_source']} duplicates "
+        f"within the source, {len(summary['skipped'])} invalid rows skipped"
+    )
+    return 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    _prepare_prefect(a.store, a.verbose)
+    from flows.ingest import ingest_pool
+    from storage.query import sql
+    from storage.store import Store
+
+    summaries = ingest_pool(seed=a.seed, store=a.store)
+    for s in summaries:
+        print(f"  {s['source']:<22} {s['new']:>4} new, {s['already_present']:>4} already present")
+    store = Store(a.store)
+    t = sql(store, "SELECT source, params, count(*) AS prompts FROM prompts GROUP BY ALL ORDER BY ALL")
+    print(_format(t, "table"))
+    print(f"store: {store.uri}")
+    print(f'try:   refinery sql --store {a.store} "SELECT source, count(*) FROM prompts GROUP BY 1"')
+    return 0
+
+
+def _format(t, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(t.to_pylist(), default=str, ensure_ascii=False, indent=1)
+    if fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        buf = io.BytesIO()
+        pacsv.write_csv(t, buf)
+        return buf.getvalue().decode().rstrip("\n")
+    import polars as pl
+
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=100, tbl_hide_dataframe_shape=True):
+        return str(pl.from_arrow(t)) + f"\n({t.num_rows} rows)"
+
+
+def cmd_sql(a: argparse.Namespace) -> int:
+    from storage.query import sql
+    from storage.store import Store
+
+    print(_format(sql(Store(a.store), a.query), a.format))
+    return 0
+
+
+def cmd_catalog(a: argparse.Namespace) -> int:
+    from storage.query import write_catalog
+    from storage.store import Store
+
+    path = write_catalog(Store(a.store))
+    print(f"wrote {path}; open it with: duckdb -readonly {path}")
+    return 0
+
+
+def cmd_lineage(a: argparse.Namespace) -> int:
+    from storage.lineage import lineage
+    from storage.query import connect
+    from storage.store import Store
+
+    tree = lineage(connect(Store(a.store)), a.prompt_id)
+    if a.json:
+        print(json.dumps(tree, default=str, ensure_ascii=False, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.tree import Tree
+
+    def label(p: dict) -> str:
+        return f"[bold]{p['prompt_id']}[/] {p['transform']} ({p['source']}) {p['text'][:60]!r}"
+
+    root = Tree(label(tree["prompt"]))
+    nodes = {tree["prompt"]["prompt_id"]: root}
+    for d in tree["descendants"]:
+        nodes[d["prompt_id"]] = nodes.get(d["parent_id"], root).add(label(d))
+    if tree["ancestors"]:
+        chain = " <- ".join(f"{p['prompt_id']} ({p['transform']})" for p in tree["ancestors"])
+        Console().print(f"ancestors: {chain}")
+    Console().print(root)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from storage.store import default_root
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--store", default=default_root(), help="store root: a folder or an fsspec URI "
+                        "(default: $REFINERY_STORE, else ./refinery-store)")
+    common.add_argument("-v", "--verbose", action="store_true", help="show Prefect's INFO logs")
+
+    p = argparse.ArgumentParser(prog="refinery", description="Data refinement and curriculum for RL post-training.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", parents=[common], help="the main job (now: land the default prompt pool)")
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(func=cmd_run)
+
+    i = sub.add_parser("ingest", parents=[common], help="validate and load prompts from a source")
+    i.add_argument("source", help="rg:<reasoning-gym task> or a .jsonl/.parquet file")
+    i.add_argument("--size", type=int, default=100, help="rg: number of prompts to generate")
+    i.add_argument("--seed", type=int, default=0, help="rg: generator seed")
+    i.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="rg: a difficulty field")
+    i.add_argument("--skip-invalid", action="store_true", help="land the good rows and report the bad ones")
+    i.add_argument("--source-name", default=None, help="files: the `source` to record (default: file name)")
+    i.set_defaults(func=cmd_ingest)
+
+    q = sub.add_parser("sql", parents=[common], help="read-only SQL over the store's views")
+    q.add_argument("query")
+    q.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    q.set_defaults(func=cmd_sql)
+
+    c = sub.add_parser("catalog", parents=[common], help="write <store>/catalog.duckdb with the same views")
+    c.set_defaults(func=cmd_catalog)
+
+    lg = sub.add_parser("lineage", parents=[common], help="a prompt's ancestors and descendants")
+    lg.add_argument("prompt_id")
+    lg.add_argument("--json", action="store_true")
+    lg.set_defaults(func=cmd_lineage)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("refinery: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, KeyError, FileNotFoundError, PermissionError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        print(f"refinery {args.command}: {msg}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The experience store's tables: explicit pyarrow schemas (types and nullability).
+
+Column names are a contract with users' SQL (DESIGN.md): columns may be added, never renamed.
+JSON-valued columns (`config`, `params`, `meta`, `teacher_call`) hold JSON strings.
+`run_id` is a string, `round` a 0-based int, `policy_version` an int per run (0 = starting model).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+
+def _f(name: str, typ: pa.DataType, nullable: bool = False) -> pa.Field:
+    return pa.field(name, typ, nullable=nullable)
+
+
+TABLES: dict[str, pa.Schema] = {
+    "runs": pa.schema([
+        _f("run_id", pa.string()),
+        _f("created_at", TS),
+        _f("status", pa.string()),
+        _f("config", pa.string()),
+    ]),
+    "prompts": pa.schema([
+        _f("prompt_id", pa.string()),
+        _f("text", pa.string()),
+        _f("answer", pa.string()),
+        _f("solution", pa.string(), True),
+        _f("source", pa.string()),
+        _f("params", pa.string(), True),
+        _f("parent_id", pa.string(), True),
+        _f("root_id", pa.string()),
+        _f("transform", pa.string()),
+        _f("run_id", pa.string(), True),  # null for ingested prompts
+        _f("round", pa.int32(), True),  # null for ingested prompts
+        _f("created_at", TS),
+        _f("meta", pa.string(), True),
+        _f("external_id", pa.string(), True),  # the `id` a source file gave the row, if any
+    ]),
+    "pool": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("prompt_id", pa.string()),
+        _f("status", pa.string()),  # active | reserve | retired | heldout
+        _f("level", pa.string(), True),
+    ]),
+    "rollouts": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("policy_version", pa.int32()),
+        _f("prompt_id", pa.string()),
+        _f("sample_idx", pa.int32()),
+        _f("prompt_text", pa.string()),
+        _f("completion", pa.string()),
+        _f("reward", pa.float64()),
+        _f("correct", pa.bool_()),
+        _f("n_tokens", pa.int32()),
+        _f("mean_logprob", pa.float64(), True),
+        _f("finish_reason", pa.string()),
+        _f("augmentation", pa.string(), True),
+    ]),
+    "prompt_scores": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("policy_version", pa.int32()),
+        _f("prompt_id", pa.string()),
+        _f("n", pa.int32()),
+        _f("mean_reward", pa.float64()),
+        _f("std_reward", pa.float64()),
+        _f("eps", pa.float64()),
+        _f("bucket", pa.string()),
+    ]),
+    "refinements": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("parent_id", pa.string()),
+        _f("child_id", pa.string()),
+        _f("strategy", pa.string()),
+        _f("accepted", pa.bool_()),
+        _f("reason", pa.string(), True),
+        _f("teacher_call", pa.string(), True),
+    ]),
+    "selections": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("prompt_id", pa.string()),
+        _f("selector", pa.string()),
+        _f("cluster", pa.int32(), True),
+        _f("weight", pa.float64(), True),
+        _f("reason", pa.string(), True),
+    ]),
+    "shaped_traces": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("prompt_id", pa.string()),
+        _f("trace_id", pa.string()),
+        _f("origin", pa.string()),
+        _f("text", pa.string()),
+        _f("start_logprob", pa.float64()),
+        _f("end_logprob", pa.float64()),
+        _f("steps", pa.int32()),
+        _f("accept_rate", pa.float64()),
+        _f("correct", pa.bool_()),
+        _f("tokens_changed", pa.int32()),
+    ]),
+    "train_steps": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("step", pa.int32()),
+        _f("policy_version", pa.int32()),
+        _f("loss", pa.float64()),
+        _f("pg_loss", pa.float64()),
+        _f("sft_loss", pa.float64(), True),
+        _f("kl", pa.float64(), True),
+        _f("entropy", pa.float64(), True),
+        _f("grad_norm", pa.float64(), True),
+        _f("clip_frac", pa.float64(), True),
+        _f("n_tokens", pa.int64()),
+        _f("seconds", pa.float64()),
+    ]),
+    "evals": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("policy_version", pa.int32()),
+        _f("split", pa.string()),
+        _f("n_prompts", pa.int32()),
+        _f("k", pa.int32()),
+        _f("pass_at_1", pa.float64()),
+        _f("pass_at_k", pa.float64()),
+    ]),
+    "checkpoints": pa.schema([
+        _f("run_id", pa.string()),
+        _f("policy_version", pa.int32()),
+        _f("parent_version", pa.int32(), True),
+        _f("round", pa.int32()),
+        _f("path", pa.string()),
+        _f("created_at", TS),
+    ]),
+}
+
+_DUCKDB_TYPES = {
+    pa.string(): "VARCHAR",
+    pa.int32(): "INTEGER",
+    pa.int64(): "BIGINT",
+    pa.float64(): "DOUBLE",
+    pa.bool_(): "BOOLEAN",
+    TS: "TIMESTAMP WITH TIME ZONE",
+}
+
+
+def schema(table: str) -> pa.Schema:
+    try:
+        return TABLES[table]
+    except KeyError:
+        raise KeyError(f"unknown table {table!r}; the store's tables are: {', '.join(TABLES)}") from None
+
+
+def conform(table: str, data: pa.Table) -> pa.Table:
+    """Cast `data` to the table's schema, in its column order, naming any missing or mistyped column."""
+    target = schema(table)
+    missing = [f.name for f in target if f.name not in data.column_names and not f.nullable]
+    if missing:
+        raise ValueError(f"table {table!r}: required column(s) missing: {', '.join(map(repr, missing))}")
+    cols = []
+    for f in target:
+        if f.name in data.column_names:
+            col = data.column(f.name)
+            if not f.nullable and col.null_count:
+                raise ValueError(f"table {table!r}: column {f.name!r} has {col.null_count} null value(s)")
+            try:
+                cols.append(col.cast(f.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise ValueError(f"table {table!r}: column {f.name!r} cannot be {f.type}: {e}") from None
+        else:
+            cols.append(pa.nulls(len(data), f.type))
+    return pa.Table.from_arrays(cols, schema=target)
+
+
+def empty_select_sql(table: str) -> str:
+    """A zero-row SELECT with the table's column types, for views over tables that have no data yet."""
+    cols = ", ".join(f'CAST(NULL AS {_DUCKDB_TYPES[f.type]}) AS "{f.name}"' for f in schema(table))
+    return f"SELECT {cols} WHERE false"

@@ -1,0 +1,265 @@
+"""The experience store: Parquet tables under one root, committed one stage at a time.
+
+Layout (root is a local path or any fsspec URI):
+
+    <table>/run_id=<run>/round=<round>/stage=<stage>/part-0.parquet   data, one folder per table, hive style
+    _landed/run_id=<run>/round=<round>/<stage>.json                   the commit record of a landed stage
+    .tmp/<uuid>/                                                       a stage being written
+    .locks/                                                            file locks (local roots)
+
+A stage may write several tables. It writes all of them into a hidden `.tmp/<uuid>` folder, renames each
+table's stage folder into place, and then writes its commit record (itself write-then-rename). The commit
+record is the commit point: readers list data files from commit records only, so a stage whose record is
+missing is invisible however far its renames got. Ingested prompts have no run: they land under
+`run_id=_ingest/round=_`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from filelock import FileLock
+from fsspec.implementations.local import LocalFileSystem
+
+from storage.schemas import TABLES, conform
+
+log = logging.getLogger("refinery.store")
+
+DEFAULT_ROOT = "./refinery-store"
+NO_RUN = "_ingest"
+NO_ROUND = "_"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def default_root() -> str:
+    return os.environ.get("REFINERY_STORE") or DEFAULT_ROOT
+
+
+def fault_point(name: str) -> None:
+    """Test hook: when REFINERY_FAULT names this point, announce it and hang so a test can SIGKILL us here."""
+    if os.environ.get("REFINERY_FAULT") != name:
+        return
+    flag = os.environ.get("REFINERY_FAULT_FLAG")
+    if flag:
+        Path(flag).write_text(str(os.getpid()))
+    time.sleep(3600)
+
+
+def check_name(kind: str, value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"{kind} {value!r} is not valid: use 1-128 letters, digits, '_', '.', '-'")
+    return value
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What one call to `Store.commit` did."""
+
+    run_id: str | None
+    round: int | None
+    stage: str
+    landed_now: bool
+    rows: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def message(self) -> str:
+        where = f"run {self.run_id} round {self.round} stage {self.stage}" if self.run_id else self.stage
+        if not self.landed_now:
+            return f"{where}: already landed, nothing written"
+        return f"{where}: landed " + ", ".join(f"{n} {t}" for t, n in self.rows.items())
+
+
+class Store:
+    def __init__(self, root: str | os.PathLike | None = None):
+        root = str(root if root is not None else default_root())
+        self.uri = root
+        self.fs, path = fsspec.core.url_to_fs(root)
+        self.local = isinstance(self.fs, LocalFileSystem)
+        self.root = os.path.abspath(path) if self.local else path.rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"Store({self.uri!r})"
+
+    # ---- paths ---------------------------------------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    @staticmethod
+    def _partition(run_id: str | None, round: int | None) -> tuple[str, str]:
+        return f"run_id={run_id if run_id is not None else NO_RUN}", f"round={NO_ROUND if round is None else round}"
+
+    def _record_path(self, run_id: str | None, round: int | None, stage: str) -> str:
+        return self.path("_landed", *self._partition(run_id, round), f"{stage}.json")
+
+    # ---- locks ---------------------------------------------------------------------------------------------
+    @contextmanager
+    def lock(self, name: str, timeout: float = 600.0) -> Iterator[None]:
+        """An inter-process lock. Local roots keep it in <root>/.locks; remote roots in a local cache folder,
+        which serialises writers on this machine only (use one writer host per remote store)."""
+        if self.local:
+            folder = Path(self.root, ".locks")
+        else:
+            import hashlib
+
+            digest = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
+            folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "refinery", "locks", digest)
+        folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(folder / f"{name}.lock"), timeout=timeout):
+            yield
+
+    # ---- commit --------------------------------------------------------------------------------------------
+    def landed(self, run_id: str | None, round: int | None, stage: str) -> bool:
+        """Has this stage of this run and round been committed? Resume logic asks this."""
+        return self.fs.exists(self._record_path(run_id, round, stage))
+
+    def commit(
+        self,
+        stage: str,
+        tables: Mapping[str, pa.Table],
+        run_id: str | None = None,
+        round: int | None = None,
+    ) -> Commit:
+        """Land `tables` as one stage of (run_id, round), atomically. Re-committing a landed stage is a no-op."""
+        check_name("stage", stage)
+        if run_id is not None:
+            check_name("run_id", run_id)
+        if self.landed(run_id, round, stage):
+            result = Commit(run_id, round, stage, landed_now=False)
+            log.info(result.message)
+            return result
+        conformed = {name: conform(name, t) for name, t in tables.items()}
+        part = self._partition(run_id, round)
+        stage_dir = f"stage={stage}"
+
+        tmp = self.path(".tmp", uuid.uuid4().hex)
+        self.fs.makedirs(tmp, exist_ok=True)
+        self._write_text(f"{tmp}/owner.json", json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+        for name, t in conformed.items():
+            folder = "/".join([tmp, name, *part, stage_dir])
+            self.fs.makedirs(folder, exist_ok=True)
+            pq.write_table(t, f"{folder}/part-0.parquet", filesystem=self.fs, compression="zstd")
+        fault_point("commit:written")
+
+        with self.lock("commit"):
+            if self.landed(run_id, round, stage):  # a concurrent writer landed it while we wrote
+                self.fs.rm(tmp, recursive=True)
+                return Commit(run_id, round, stage, landed_now=False)
+            files = {}
+            for name, t in conformed.items():
+                dest = "/".join([self.root, name, *part, stage_dir])
+                if self.fs.exists(dest):  # debris of a crash between renames: never landed, safe to replace
+                    self.fs.rm(dest, recursive=True)
+                self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+                self._rename("/".join([tmp, name, *part, stage_dir]), dest)
+                files[name] = {"path": "/".join([name, *part, stage_dir, "part-0.parquet"]), "rows": t.num_rows}
+                fault_point("commit:renamed")
+            record = {
+                "run_id": run_id,
+                "round": round,
+                "stage": stage,
+                "tables": files,
+                "committed_at": datetime.now(UTC).isoformat(),
+            }
+            self._write_atomic(self._record_path(run_id, round, stage), json.dumps(record, indent=1))
+            self.fs.rm(tmp, recursive=True)
+        result = Commit(run_id, round, stage, landed_now=True, rows={n: t.num_rows for n, t in conformed.items()})
+        log.info(result.message)
+        return result
+
+    def _rename(self, src: str, dst: str) -> None:
+        if self.local:
+            os.rename(src, dst)  # atomic on one filesystem
+        else:
+            self.fs.mv(src, dst, recursive=True)
+
+    def _write_text(self, path: str, text: str) -> None:
+        with self.fs.open(path, "w") as f:
+            f.write(text)
+
+    def _write_atomic(self, path: str, text: str) -> None:
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        self._write_text(tmp, text)
+        self._rename(tmp, path)
+
+    # ---- reading -------------------------------------------------------------------------------------------
+    def records(self) -> list[dict]:
+        """Every landed stage's commit record."""
+        pattern = self.path("_landed", "*", "*", "*.json")
+        out = []
+        for p in sorted(self.fs.glob(pattern)):
+            with self.fs.open(p, "r") as f:
+                out.append(json.load(f))
+        return out
+
+    def files(self, table: str, records: list[dict] | None = None) -> list[str]:
+        """The data files of `table` that belong to landed stages (full paths or URIs)."""
+        if table not in TABLES:
+            raise KeyError(f"unknown table {table!r}; the store's tables are: {', '.join(TABLES)}")
+        recs = self.records() if records is None else records
+        rels = sorted(r["tables"][table]["path"] for r in recs if table in r["tables"])
+        return [self.full(rel) for rel in rels]
+
+    def full(self, rel: str) -> str:
+        if self.local:
+            return self.path(rel)
+        return self.fs.unstrip_protocol(self.path(rel))
+
+    def read(self, table: str) -> pa.Table:
+        """A whole table as one arrow table (small tables; use `scan` or SQL for large ones)."""
+        from storage.query import scan
+
+        return scan(self, table).collect().to_arrow()
+
+    # ---- crash debris --------------------------------------------------------------------------------------
+    def cleanup(self) -> list[str]:
+        """Remove what crashed writers left: temp folders whose owner is gone, and stage folders that were
+        renamed into a table but never got a commit record. Runs under the commit lock, so it never races
+        a commit's renames; temp folders of live local writers are kept."""
+        removed = []
+        host = socket.gethostname()
+        with self.lock("commit"):
+            for tmp in self.fs.glob(self.path(".tmp", "*")):
+                try:
+                    with self.fs.open(f"{tmp}/owner.json", "r") as f:
+                        owner = json.load(f)
+                except (FileNotFoundError, json.JSONDecodeError):
+                    owner = {}
+                if owner.get("host") == host and _pid_alive(owner.get("pid")):
+                    continue
+                self.fs.rm(tmp, recursive=True)
+                removed.append(tmp)
+            landed = {r["tables"][t]["path"].rsplit("/", 1)[0] for r in self.records() for t in r["tables"]}
+            for table in TABLES:
+                for stage_dir in self.fs.glob(self.path(table, "run_id=*", "round=*", "stage=*")):
+                    rel = stage_dir[len(self.root) + 1 :]
+                    if rel not in landed:
+                        self.fs.rm(stage_dir, recursive=True)
+                        removed.append(stage_dir)
+        return removed
+
+
+def _pid_alive(pid) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

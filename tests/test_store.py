@@ -1,0 +1,119 @@
+import json
+
+import duckdb
+import pyarrow as pa
+import pytest
+from conftest import prompt_rows
+
+from storage import query
+from storage.lineage import lineage
+from storage.schemas import TABLES, conform
+from storage.store import Store
+
+
+def test_commit_lands_once_and_says_so(store):
+    first = store.commit("s1", {"prompts": prompt_rows(5)}, run_id="r1", round=0)
+    assert first.landed_now and first.rows == {"prompts": 5}
+    assert store.landed("r1", 0, "s1") and not store.landed("r1", 1, "s1") and not store.landed("r1", 0, "s2")
+    again = store.commit("s1", {"prompts": prompt_rows(7)}, run_id="r1", round=0)
+    assert not again.landed_now and "already landed" in again.message
+    assert query.scan(store, "prompts").collect().height == 5
+
+
+def test_stage_is_hive_partitioned_by_run_and_round(store):
+    store.commit("collect", {"prompts": prompt_rows(2), "pool": pa.table(
+        {"run_id": ["r"], "round": [3], "prompt_id": ["x"], "status": ["active"]})}, run_id="r", round=3)
+    files = store.files("pool")
+    assert len(files) == 1 and "/pool/run_id=r/round=3/stage=collect/" in files[0]
+    rec = store.records()[0]
+    assert set(rec["tables"]) == {"prompts", "pool"} and rec["tables"]["pool"]["rows"] == 1
+
+
+def test_every_table_has_a_view_even_when_empty(store):
+    con = query.connect(store)
+    for name, sch in TABLES.items():
+        rel = con.sql(f"SELECT * FROM {name}")
+        assert rel.columns == sch.names
+        assert rel.fetchall() == []
+
+
+def test_conform_names_bad_columns():
+    with pytest.raises(ValueError, match="'answer'"):
+        conform("prompts", prompt_rows(1).drop(["answer"]))
+    bad = prompt_rows(1).set_column(0, "prompt_id", pa.array([None], pa.string()))
+    with pytest.raises(ValueError, match="'prompt_id' has 1 null"):
+        conform("prompts", bad)
+    with pytest.raises(KeyError, match="unknown table 'nope'"):
+        conform("nope", prompt_rows(1))
+
+
+def test_bad_names_are_refused(store):
+    with pytest.raises(ValueError, match="stage '../x'"):
+        store.commit("../x", {"prompts": prompt_rows(1)})
+    with pytest.raises(ValueError, match="run_id 'a/b'"):
+        store.commit("s", {"prompts": prompt_rows(1)}, run_id="a/b", round=0)
+
+
+def test_polars_and_duckdb_agree(store):
+    store.commit("a", {"prompts": prompt_rows(10)})
+    store.commit("b", {"prompts": prompt_rows(10, offset=10)})
+    lf = query.scan(store, "prompts")
+    assert lf.collect().height == 20
+    assert query.connect(store).execute("SELECT count(DISTINCT prompt_id) FROM prompts").fetchone()[0] == 20
+
+
+def test_catalog_opens_in_a_plain_duckdb_client(store):
+    store.commit("a", {"prompts": prompt_rows(4)})
+    path = query.write_catalog(store)
+    con = duckdb.connect(path, read_only=True)
+    assert con.execute("SELECT count(*) FROM prompts").fetchone()[0] == 4
+    assert con.execute("SELECT count(*) FROM rollouts").fetchone()[0] == 0
+
+
+def test_fsspec_uri_root(tmp_path):
+    s = Store("file://" + str(tmp_path / "s"))
+    s.commit("a", {"prompts": prompt_rows(3)})
+    assert query.sql(s, "SELECT count(*) AS n FROM prompts").to_pylist() == [{"n": 3}]
+    m = Store("memory://refinery-test-store")
+    m.commit("a", {"prompts": prompt_rows(2)})
+    assert m.landed(None, None, "a")
+    assert query.scan(m, "prompts").collect().height == 2
+    assert query.sql(m, "SELECT count(*) AS n FROM prompts").to_pylist() == [{"n": 2}]
+
+
+def test_lineage_walks_both_ways(store):
+    base = prompt_rows(1)
+    root = base["prompt_id"][0].as_py()
+
+    def child(pid, parent, transform):
+        t = prompt_rows(1)
+        return t.set_column(0, "prompt_id", pa.array([pid])).append_column(
+            "parent_id", pa.array([parent])).set_column(4, "root_id", pa.array([root])).set_column(
+            5, "transform", pa.array([transform]))
+
+    store.commit("ingest", {"prompts": base})
+    store.commit("refine", {"prompts": pa.concat_tables([
+        conform("prompts", child("c1", root, "hint_prefix")),
+        conform("prompts", child("c2", root, "mcq4")),
+        conform("prompts", child("g1", "c2", "mcq10")),
+    ])}, run_id="r", round=0)
+    con = query.connect(store)
+    tree = lineage(con, "g1")
+    assert [a["prompt_id"] for a in tree["ancestors"]] == ["c2", root]
+    down = lineage(con, root)["descendants"]
+    assert [(d["depth"], d["prompt_id"]) for d in down] == [(1, "c1"), (1, "c2"), (2, "g1")]
+    with pytest.raises(KeyError, match="no prompt with id 'zzz'"):
+        lineage(con, "zzz")
+
+
+def test_cleanup_removes_debris_but_not_landed_data(store):
+    store.commit("a", {"prompts": prompt_rows(3)})
+    # debris of a crash: a temp folder with a dead owner, and a renamed stage folder with no commit record
+    tmp = store.path(".tmp", "deadbeef")
+    store.fs.makedirs(tmp)
+    store._write_text(tmp + "/owner.json", json.dumps({"pid": 2**22 + 7, "host": "elsewhere"}))
+    orphan = store.path("prompts", "run_id=r", "round=0", "stage=x")
+    store.fs.makedirs(orphan)
+    removed = store.cleanup()
+    assert sorted(removed) == sorted([tmp, orphan])
+    assert query.scan(store, "prompts").collect().height == 3 and store.landed(None, None, "a")
