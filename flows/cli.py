@@ -73,11 +73,13 @@ def _format(t, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(t.to_pylist(), default=str, ensure_ascii=False, indent=1)
     if fmt == "csv":
-        import pyarrow.csv as pacsv
+        import csv
 
-        buf = io.BytesIO()
-        pacsv.write_csv(t, buf)
-        return buf.getvalue().decode().rstrip("\n")
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(t.column_names)
+        w.writerows(tuple(r.values()) for r in t.to_pylist())
+        return buf.getvalue().rstrip("\n")
     import polars as pl
 
     with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=100, tbl_hide_dataframe_shape=True):

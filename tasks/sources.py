@@ -64,9 +64,9 @@ def _type_name(v: Any) -> str:
 
 def _text_field(rec: dict, name: str, bound: int, required: bool, numbers_ok: bool = False) -> str | None:
     """The field's text, or raise ValueError naming the problem."""
-    if name not in rec or (rec[name] is None and not required):
+    if rec.get(name) is None:
         if required:
-            raise ValueError(f"field {name!r} is missing")
+            raise ValueError(f"field {name!r} is missing" + (" (null)" if name in rec else ""))
         return None
     v = rec[name]
     if isinstance(v, bytes):
@@ -103,6 +103,11 @@ def validate_record(rec: Any, source: str, limits: Limits) -> SourceRow:
             raise ValueError(f"field 'id' must be a string or an integer, got {_type_name(ext)}")
         ext = str(ext)
     meta = rec.get("meta")
+    if isinstance(meta, str):  # Parquet files usually carry meta as a JSON string column
+        try:
+            meta = json.loads(meta)
+        except json.JSONDecodeError:
+            raise ValueError("field 'meta' is a string but not valid JSON") from None
     if meta is not None:
         if not isinstance(meta, dict):
             raise ValueError(f"field 'meta' must be an object, got {_type_name(meta)}")
@@ -228,6 +233,7 @@ def rg_rows(name: str, size: int, seed: int, params: dict[str, Any]) -> list[Sou
 
     if size < 1:
         raise SourceError(f"--size must be at least 1, got {size}")
+    rg_config_fields(name)  # names an unknown task before reasoning-gym's own, vaguer error
     parsed = {k: parse_param(name, k, v) for k, v in params.items()}
     try:
         ds = reasoning_gym.create_dataset(name, size=size, seed=seed, **parsed)
