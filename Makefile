@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/refinery ingest-default
+	$(BIN)/refinery run
 
 test: $(STAMP)
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -2,7 +2,7 @@
 
 Layout (root is a local path or any fsspec URI):
 
-    <table>/run_id=<run>/round=<round>/stage=<stage>/part-0.parquet   data, one folder per table, hive style
+    <table>/run_id=<run>/round=<round>/stage=<stage>/part-<i>.parquet data, one folder per table, hive style
     _landed/run_id=<run>/round=<round>/<stage>.json                   the commit record of a landed stage
     .tmp/<uuid>/                                                       a stage being written
     .locks/                                                            file locks (local roots)
@@ -24,6 +24,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -148,10 +149,13 @@ class Store:
         tmp = self.path(".tmp", uuid.uuid4().hex)
         self.fs.makedirs(tmp, exist_ok=True)
         self._write_text(f"{tmp}/owner.json", json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+        jobs = []
         for name, t in conformed.items():
             folder = "/".join([tmp, name, *part, stage_dir])
             self.fs.makedirs(folder, exist_ok=True)
-            pq.write_table(t, f"{folder}/part-0.parquet", filesystem=self.fs, compression="zstd")
+            jobs += [(f"{folder}/part-{i}.parquet", chunk) for i, chunk in enumerate(_split(t))]
+        with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+            list(pool.map(lambda job: self._write_parquet(*job), jobs))  # pyarrow releases the GIL
         fault_point("commit:written")
 
         with self.lock("commit"):
@@ -165,7 +169,9 @@ class Store:
                     self.fs.rm(dest, recursive=True)
                 self.fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
                 self._rename("/".join([tmp, name, *part, stage_dir]), dest)
-                files[name] = {"path": "/".join([name, *part, stage_dir, "part-0.parquet"]), "rows": t.num_rows}
+                rel = "/".join([name, *part, stage_dir])
+                n_parts = len(_split(t))
+                files[name] = {"paths": [f"{rel}/part-{i}.parquet" for i in range(n_parts)], "rows": t.num_rows}
                 fault_point("commit:renamed")
             record = {
                 "run_id": run_id,
@@ -179,6 +185,10 @@ class Store:
         result = Commit(run_id, round, stage, landed_now=True, rows={n: t.num_rows for n, t in conformed.items()})
         log.info(result.message)
         return result
+
+    def _write_parquet(self, path: str, t: pa.Table) -> None:
+        # local roots write through pyarrow's native filesystem: fsspec's Python file wrapper is much slower
+        pq.write_table(t, path, filesystem=None if self.local else self.fs, compression="zstd")
 
     def _rename(self, src: str, dst: str) -> None:
         if self.local:
@@ -211,7 +221,7 @@ class Store:
         if table not in TABLES:
             raise KeyError(f"unknown table {table!r}; the store's tables are: {', '.join(TABLES)}")
         recs = self.records() if records is None else records
-        rels = sorted(r["tables"][table]["path"] for r in recs if table in r["tables"])
+        rels = sorted(p for r in recs if table in r["tables"] for p in r["tables"][table]["paths"])
         return [self.full(rel) for rel in rels]
 
     def full(self, rel: str) -> str:
@@ -243,7 +253,7 @@ class Store:
                     continue
                 self.fs.rm(tmp, recursive=True)
                 removed.append(tmp)
-            landed = {r["tables"][t]["path"].rsplit("/", 1)[0] for r in self.records() for t in r["tables"]}
+            landed = {p.rsplit("/", 1)[0] for r in self.records() for t in r["tables"].values() for p in t["paths"]}
             for table in TABLES:
                 for stage_dir in self.fs.glob(self.path(table, "run_id=*", "round=*", "stage=*")):
                     rel = stage_dir[len(self.root) + 1 :]
@@ -251,6 +261,15 @@ class Store:
                         self.fs.rm(stage_dir, recursive=True)
                         removed.append(stage_dir)
         return removed
+
+
+PART_ROWS = 50_000  # a stage's table is written as parts of about this many rows, in parallel
+
+
+def _split(t: pa.Table) -> list[pa.Table]:
+    n = max(1, min(os.cpu_count() or 1, -(-t.num_rows // PART_ROWS)))
+    size = -(-t.num_rows // n) if t.num_rows else 0
+    return [t.slice(i * size, size) for i in range(n)]
 
 
 def _pid_alive(pid) -> bool:

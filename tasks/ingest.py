@@ -53,14 +53,14 @@ def load_source(
     seed: int = 0,
     params: dict | None = None,
     source_name: str | None = None,
-    limits: Limits = Limits(),
+    limits: Limits | None = None,
 ) -> tuple[list[SourceRow], list[BadRow]]:
     """Rows from `rg:<task>` or a .jsonl/.parquet path, with the bad ones reported separately."""
     if source.startswith("rg:"):
         return rg_rows(source[3:], size, seed, params or {}), []
     if params:
         raise ValueError("--param only applies to rg: sources")
-    return file_rows(source, source_name, limits)
+    return file_rows(source, source_name, limits or Limits())
 
 
 def prompts_table(rows: list[SourceRow]) -> pa.Table:

@@ -21,7 +21,7 @@ print(s.new, s.already_present)
 
 def test_concurrent_ingest_no_duplicates(store, tmp_path):
     shared = [{"question": f"shared {i}?", "answer": i} for i in range(300)]
-    for name, extra in (("a", range(0, 100)), ("b", range(100, 200))):
+    for name, extra in (("a", range(100)), ("b", range(100, 200))):
         rows = shared + [{"question": f"own {i}?", "answer": i} for i in extra]
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     go = tmp_path / "go"
