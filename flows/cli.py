@@ -53,20 +53,34 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    from flows.config import load_config
+
+    config = load_config(a.config, a.set, run_id=a.run_id, rounds=a.rounds, store=a.store)  # fails before any work
     _prepare_prefect(a.store, a.verbose)
-    from flows.ingest import ingest_pool
+    from flows.curriculum import curriculum
+
+    out = curriculum(config)
+    print_summary(out)
+    return 0
+
+
+def print_summary(out: dict) -> None:
     from storage.query import sql
     from storage.store import Store
 
-    summaries = ingest_pool(seed=a.seed, store=a.store)
-    for s in summaries:
-        print(f"  {s['source']:<22} {s['new']:>4} new, {s['already_present']:>4} already present")
-    store = Store(a.store)
-    t = sql(store, "SELECT source, params, count(*) AS prompts FROM prompts GROUP BY ALL ORDER BY ALL")
-    print(_format(t, "table"))
-    print(f"store: {store.uri}")
-    print(f'try:   refinery sql --store {a.store} "SELECT source, count(*) FROM prompts GROUP BY 1"')
-    return 0
+    store, run = Store(out["store"]), out["run_id"]
+    for s in out["stages"]:
+        if s["stage"] == "collect" and "skipped" not in s:
+            print(f"round {s['round']}: {s['rollouts']} rollouts over {s['prompts']} prompts, pass rate "
+                  f"{s['pass_rate']:.1%}, {s['tokens_per_s']:.0f} tokens/s")
+    q = f"""SELECT round, bucket, count(*) AS prompts, round(avg(mean_reward), 3) AS mean_pass,
+            round(quantile_cont(eps, 0.25), 3) AS eps_p25, round(median(eps), 3) AS eps_p50,
+            round(quantile_cont(eps, 0.75), 3) AS eps_p75, round(max(eps), 3) AS eps_max
+            FROM prompt_scores WHERE run_id = '{run}' GROUP BY ALL ORDER BY round, bucket"""
+    print(_format(sql(store, q), "table"))
+    print(f"run {run} ({out['started_as']}) finished in {out['seconds']:.0f} s; store: {store.uri}")
+    example = f"SELECT round, bucket, count(*) FROM prompt_scores WHERE run_id = '{run}' GROUP BY ALL ORDER BY ALL"
+    print(f'try: refinery sql --store {store.uri} "{example}"')
 
 
 def _format(t, fmt: str) -> str:
@@ -140,8 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="refinery", description="Data refinement and curriculum for RL post-training.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    r = sub.add_parser("run", parents=[common], help="the main job (now: land the default prompt pool)")
-    r.add_argument("--seed", type=int, default=0)
+    r = sub.add_parser("run", parents=[common], help="the curriculum flow (default: the embedded model)")
+    r.add_argument("--config", default=None, help="a TOML config file (see README)")
+    r.add_argument("--run-id", default=None, help="rerunning an existing run id resumes it")
+    r.add_argument("--rounds", type=int, default=None)
+    r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a field")
     r.set_defaults(func=cmd_run)
 
     i = sub.add_parser("ingest", parents=[common], help="validate and load prompts from a source")

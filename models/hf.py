@@ -2,9 +2,10 @@
 
 Why not `model.generate`: it keeps finished rows in the batch until the longest one ends and pads every
 batch to its longest prompt. Here
-- rows are sorted by prompt length, so each batch pads little;
+- prompts are admitted longest first, so rows decoding together have similar lengths;
 - each prompt is prefilled once and its KV cache repeated for its n samples;
-- a row that emits end-of-sequence leaves the batch (its KV-cache row is dropped), so it stops costing;
+- a row that emits end-of-sequence leaves the batch (its KV-cache row is dropped), so it stops costing,
+  and waiting prompts are prefilled into the freed slots (continuous batching), so the batch stays full;
 - bf16 autocast where the device computes bf16 natively (dtype="auto"), or when asked ("bf16");
 - `score` runs the decoder once and applies the 49k-wide output layer in chunks, so logits never
   materialise for a whole batch at once.
@@ -74,24 +75,59 @@ class TransformersBackend:
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int, sampling: Sampling,
                  progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
-        """n samples for each prompt. `progress(k)` is called as each prompt's group of k rows finishes."""
+        """n samples for each prompt, by continuous batching: up to `batch_size` rows decode together, and
+        as rows finish, waiting prompts are prefilled and merged into the running batch, so the batch stays
+        full instead of idling on its longest row. `progress(k)` is called as k rows finish."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         ids = self.encode(prompts)
-        order = sorted(range(len(prompts)), key=lambda i: len(ids[i]), reverse=True)
-        per_batch = max(1, self.batch_size // n)
+        queue = sorted(range(len(prompts)), key=lambda i: len(ids[i]), reverse=True)
         gen = torch.Generator().manual_seed(sampling.seed)
-        out: list[list[Completion]] = [[] for _ in prompts]
-        for start in range(0, len(order), per_batch):
-            chunk = order[start : start + per_batch]
-            rows = self._decode([ids[i] for i in chunk], n, sampling, gen)
-            for j, i in enumerate(chunk):
-                out[i] = rows[j * n : (j + 1) * n]
-            if progress:
-                progress(len(chunk) * n)
+        tokens: dict[tuple[int, int], list[int]] = {}
+        lps: dict[tuple[int, int], list[float]] = {}
+        finish: dict[tuple[int, int], str] = {}
+        run = _Batch()
+        eos = torch.tensor(self.eos_ids)
+        admit_at = max(n, (self.batch_size // 4) // n * n)  # prefill several prompts at once, not one by one
+        while queue or run.size:
+            free = self.batch_size - run.size
+            if queue and (free >= admit_at or (run.size == 0 and free >= 1)):
+                take = max(1, free // n)
+                batch, queue = queue[:take], queue[take:]
+                run.merge(self._prefill([ids[i] for i in batch], n), [(i, j) for i in batch for j in range(n)])
+            logp = F.log_softmax(run.logits, dim=-1)
+            tok = self._sample(run.logits, sampling, gen)
+            tok_lp = logp.gather(1, tok[:, None].to(logp.device))[:, 0].tolist()
+            done = torch.isin(tok, eos).tolist()
+            for k, key in enumerate(run.rows):
+                if done[k]:
+                    finish[key] = "stop"
+                    continue
+                tokens.setdefault(key, []).append(tok[k].item())
+                lps.setdefault(key, []).append(tok_lp[k])
+                if len(tokens[key]) >= sampling.max_new_tokens:
+                    done[k] = True
+                    finish[key] = "length"
+            keep = [k for k, d in enumerate(done) if not d]
+            if progress and len(keep) < run.size:
+                progress(run.size - len(keep))
+            run.select(keep, tok)
+            if run.size:
+                with _autocast(self.device, self.dtype):
+                    run.logits = self.model(input_ids=run.last[:, None].to(self.device),
+                                            attention_mask=run.mask.to(self.device),
+                                            position_ids=run.next_pos.to(self.device), cache=run.cache,
+                                            use_cache=True).logits[:, -1].float()
+                run.next_pos = run.next_pos + 1
+        out = []
+        for i in range(len(prompts)):
+            toks = [tokens.get((i, j), []) for j in range(n)]
+            texts = self.tokenizer.batch_decode(toks, skip_special_tokens=True)
+            out.append([Completion(texts[j], toks[j], lps.get((i, j), []), finish[(i, j)]) for j in range(n)])
         return out
 
-    def _decode(self, prompt_ids: list[list[int]], n: int, s: Sampling, gen: torch.Generator) -> list[Completion]:
+    def _prefill(self, prompt_ids: list[list[int]], n: int) -> _Batch:
+        """Run the prompts once (left-padded) and share each one's KV cache out to its n samples."""
         from transformers import DynamicCache
 
         width = max(len(p) for p in prompt_ids)
@@ -106,43 +142,13 @@ class TransformersBackend:
             logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                                 position_ids=pos.to(self.device), cache=cache, use_cache=True,
                                 logits_to_keep=1).logits[:, -1].float()
-        if n > 1:  # one prefill per prompt, then the KV cache is shared out to its n samples
+        b = _Batch()
+        b.cache, b.mask, b.next_pos = cache, mask, pos[:, -1:] + 1
+        b.logits = logits
+        if n > 1:
             cache.batch_repeat_interleave(n)
-            logits, mask, pos = (t.repeat_interleave(n, 0) for t in (logits, mask, pos))
-        rows = logits.shape[0]
-        alive = torch.arange(rows)  # original row index of each row still in the batch
-        tokens: list[list[int]] = [[] for _ in range(rows)]
-        lps: list[list[float]] = [[] for _ in range(rows)]
-        finish = ["length"] * rows
-        next_pos = pos[:, -1:] + 1
-        eos = torch.tensor(self.eos_ids)
-        for step in range(s.max_new_tokens):
-            logp = F.log_softmax(logits, dim=-1)
-            tok = self._sample(logits, s, gen)
-            tok_lp = logp.gather(1, tok[:, None])[:, 0]
-            done = torch.isin(tok, eos)
-            for k, (r, t, lp) in enumerate(zip(alive.tolist(), tok.tolist(), tok_lp.tolist())):
-                if done[k]:
-                    finish[r] = "stop"
-                else:
-                    tokens[r].append(t)
-                    lps[r].append(lp)
-            if step == s.max_new_tokens - 1:
-                break
-            keep = (~done).nonzero()[:, 0]
-            if keep.numel() == 0:
-                break
-            if keep.numel() < alive.numel():  # finished rows leave the batch and the KV cache
-                cache.batch_select_indices(keep.to(self.device))
-                alive, tok, mask, next_pos = alive[keep], tok[keep], mask[keep], next_pos[keep]
-            mask = torch.cat([mask, torch.ones(len(alive), 1, dtype=mask.dtype)], dim=1)
-            with _autocast(self.device, self.dtype):
-                logits = self.model(input_ids=tok[:, None].to(self.device), attention_mask=mask.to(self.device),
-                                    position_ids=next_pos.to(self.device), cache=cache,
-                                    use_cache=True).logits[:, -1].float()
-            next_pos = next_pos + 1
-        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-        return [Completion(texts[r], tokens[r], lps[r], finish[r]) for r in range(rows)]
+            b.logits, b.mask, b.next_pos = (t.repeat_interleave(n, 0) for t in (b.logits, b.mask, b.next_pos))
+        return b
 
     @staticmethod
     def _sample(logits: torch.Tensor, s: Sampling, gen: torch.Generator) -> torch.Tensor:
@@ -203,3 +209,65 @@ class TransformersBackend:
             out.append(flat_t[at : at + len(c)])
             at += len(c)
         return out
+
+
+class _Batch:
+    """The rows decoding together: their KV cache, attention mask, next positions and pending logits.
+
+    Rows of different lengths share one left-padded cache; padding is masked out, and RoPE positions are
+    per row (`next_pos`), so merging and dropping rows never changes what any row computes.
+    """
+
+    def __init__(self):
+        self.cache = None
+        self.rows: list[tuple[int, int]] = []
+        self.mask = self.next_pos = self.logits = self.last = None
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    def merge(self, new: _Batch, rows: list[tuple[int, int]]) -> None:
+        if self.cache is None or not self.rows:
+            self.cache, self.mask, self.next_pos, self.logits = new.cache, new.mask, new.next_pos, new.logits
+            self.rows = list(rows)
+            return
+        width = max(self.mask.shape[1], new.mask.shape[1])
+        for old_layer, new_layer in zip(self.cache.layers, new.cache.layers):
+            old_layer.keys, new_layer_keys = _left_pad(old_layer.keys, width, 2), _left_pad(new_layer.keys, width, 2)
+            old_layer.values = _left_pad(old_layer.values, width, 2)
+            old_layer.keys = torch.cat([old_layer.keys, new_layer_keys])
+            old_layer.values = torch.cat([old_layer.values, _left_pad(new_layer.values, width, 2)])
+        self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(new.mask, width, 1)])
+        self.next_pos = torch.cat([self.next_pos, new.next_pos])
+        self.logits = torch.cat([self.logits, new.logits])
+        self.rows += rows
+        self.last = None
+
+    def select(self, keep: list[int], sampled: torch.Tensor) -> None:
+        """Keep the rows `keep` (finished ones leave the batch and its cache); append their sampled token."""
+        idx = torch.tensor(keep, dtype=torch.long)
+        if len(keep) < len(self.rows):
+            if keep:
+                self.cache.batch_select_indices(idx.to(self.cache.layers[0].keys.device))
+            self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
+            self.rows = [self.rows[k] for k in keep]
+        self.last = sampled[idx]
+        if not keep:
+            self.cache = None
+            return
+        self.mask = torch.cat([self.mask, torch.ones(len(keep), 1, dtype=self.mask.dtype)], dim=1)
+        lead = int((self.mask.sum(0) == 0).cumprod(0).sum())  # columns no remaining row uses any more
+        if lead:
+            self.mask = self.mask[:, lead:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+
+
+def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    short = width - t.shape[dim]
+    if short <= 0:
+        return t
+    shape = list(t.shape)
+    shape[dim] = short
+    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)

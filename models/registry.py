@@ -20,7 +20,7 @@ from pathlib import Path
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DIR = "smollm2-135m-instruct"
-TINY_DIR = "tiny-random-llama"
+TINY_DIR = "tiny-random-llama-v2"
 
 
 class ModelSpecError(ValueError):
@@ -107,6 +107,9 @@ def build_tiny_random(dest: Path | None = None, seed: int = 0) -> Path:
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
             bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
             tie_word_embeddings=True,
+            # 0.2, not the usual 0.02: at 0.02 a 64-wide random model emits one token forever whatever the
+            # context, which would hide batching bugs in tests that compare outputs across prompts
+            initializer_range=0.2,
         )
         torch.manual_seed(seed)
         LlamaForCausalLM(config).save_pretrained(tmp, safe_serialization=True)
@@ -129,3 +132,25 @@ def resolve(spec: str) -> str:
     if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         raise ModelSpecError(f"model {spec!r}: no such folder, and not a Hugging Face id (owner/name)")
     return spec  # a hub id; loading it needs network access
+
+
+_LOADED: dict[tuple, object] = {}
+
+
+def load_backend(policy: str = "default", backend: str = "transformers", device: str = "cpu", dtype: str = "auto",
+                 batch_size: int = 64):
+    """A generation backend for `policy`, loaded once per process (weights are read-only between rounds)."""
+    key = (policy, backend, device, dtype, batch_size)
+    if key not in _LOADED:
+        path = resolve(policy)
+        if backend == "transformers":
+            from models.hf import TransformersBackend
+
+            _LOADED[key] = TransformersBackend(path, device=device, dtype=dtype, batch_size=batch_size)
+        elif backend == "vllm":
+            from models.vllm_backend import VLLMBackend
+
+            _LOADED[key] = VLLMBackend(path, dtype=dtype)
+        else:
+            raise ModelSpecError(f"unknown backend {backend!r}: use transformers or vllm")
+    return _LOADED[key]

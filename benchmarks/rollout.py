@@ -1,0 +1,133 @@
+"""Rollout benchmark: useful tokens/s of the transformers backend against named baselines, side by side.
+
+Same prompts (the default pool's first --prompts questions, chat-templated), same G, temperature, max new
+tokens and seed, same batch size (rows decoded together):
+
+- baseline "naive": `model.generate` over fixed batches in the prompts' given order (no length sorting),
+  fp32, every row kept until the batch's longest row ends. Useful tokens = tokens up to end-of-sequence.
+- ours: `TransformersBackend.generate` (length-sorted, one prefill per prompt, finished rows leave the
+  batch; dtype auto = fp32 on CPUs without native bf16).
+- ceiling: `model.generate` with the length forced to max_new_tokens (no early stop, so no row idles), in
+  bf16 autocast as the issue asks, and in fp32 (our dtype here). Every token counts as useful.
+Target: ours / naive >= 1.5. Medians over --repeats.
+
+With --run-rss, also runs a default `refinery run` under /usr/bin/time -v and reports its peak RSS
+(target < 6 GiB).
+
+    python benchmarks/rollout.py [--prompts 16] [--group 8] [--batch 64] [--repeats 3] [--run-rss]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from flows.config import RunConfig
+from models.backend import Sampling
+from models.hf import TransformersBackend, native_bf16
+from models.registry import resolve
+from tasks.ingest import load_source
+
+
+def default_prompts(k: int, instruction: str) -> list[str]:
+    rows = []
+    for spec in RunConfig().pool.sources:
+        rows += load_source(spec.source, spec.size, 0, dict(spec.params))[0]
+    step = max(1, len(rows) // k)  # spread over sources
+    return [f"{r.text}\n{instruction}" for r in rows[::step][:k]]
+
+
+def naive(model, tok, prompts: list[str], n: int, s: Sampling, batch: int, forced: bool = False,
+          bf16: bool = False) -> int:
+    """model.generate over fixed batches of `batch` rows; returns useful tokens."""
+    rows = [p for p in prompts for _ in range(n)]
+    eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
+              else [model.generation_config.eos_token_id])
+    torch.manual_seed(s.seed)
+    useful = 0
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    for i in range(0, len(rows), batch):
+        enc = tok(rows[i : i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad(), ctx:
+            out = model.generate(**enc, do_sample=True, temperature=s.temperature, top_p=s.top_p,
+                                 max_new_tokens=s.max_new_tokens, min_new_tokens=s.max_new_tokens if forced else 0,
+                                 pad_token_id=tok.pad_token_id)
+        for seq in out[:, enc["input_ids"].shape[1] :].tolist():
+            if forced:
+                useful += len(seq)
+                continue
+            cut = next((j for j, t in enumerate(seq) if t in eos), None)
+            useful += len(seq) if cut is None else cut
+    return useful
+
+
+def timed(fn, repeats: int) -> tuple[float, int]:
+    times, toks = [], 0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        toks = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), toks
+
+
+def peak_rss_of_default_run() -> str:
+    with tempfile.TemporaryDirectory() as d:
+        cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "flows.cli", "run", "--store", d, "--run-id", "rss"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
+        wall = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (\S+)", p.stderr)
+        if p.returncode != 0 or not m:
+            return f"refinery run failed (exit {p.returncode}): {p.stderr[-500:]}"
+        gib = int(m.group(1)) / 2**20
+        return f"peak RSS {gib:.2f} GiB (target < 6 GiB: {'ok' if gib < 6 else 'MISS'}), wall {wall.group(1)}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--run-rss", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(torch.get_num_threads())
+    cfg = RunConfig()
+    ours = TransformersBackend(resolve("default"), dtype="auto", batch_size=a.batch)
+    tok, model = ours.tokenizer, ours.model
+    tok.padding_side = "left"
+    prompts = [ours.render([{"role": "user", "content": q}]) for q in default_prompts(a.prompts, cfg.rollout.instruction)]
+    s = Sampling(temperature=cfg.rollout.temperature, max_new_tokens=a.max_new_tokens, seed=0)
+    print(f"{len(prompts)} prompts x G={a.group}, batch {a.batch} rows, max_new_tokens {a.max_new_tokens}, "
+          f"T={s.temperature}; {torch.get_num_threads()} threads; native bf16: {native_bf16('cpu')}")
+
+    def run_ours() -> int:
+        return sum(c.n_tokens for g in ours.generate(prompts, a.group, s) for c in g)
+
+    results = {
+        "naive model.generate fp32": timed(lambda: naive(model, tok, prompts, a.group, s, a.batch), a.repeats),
+        "ours (TransformersBackend)": timed(run_ours, a.repeats),
+        "ceiling: forced length bf16": timed(lambda: naive(model, tok, prompts, a.group, s, a.batch, True, True), 1),
+        "ceiling: forced length fp32": timed(lambda: naive(model, tok, prompts, a.group, s, a.batch, True), 1),
+    }
+    rate = {k: toks / t for k, (t, toks) in results.items()}
+    for k, (t, toks) in results.items():
+        print(f"{k:<30} {t:8.1f} s  {toks:>7,} useful tokens  {rate[k]:8.1f} tokens/s")
+    base, mine = rate["naive model.generate fp32"], rate["ours (TransformersBackend)"]
+    print(f"ratio ours / naive: {mine / base:.2f}x (target >= 1.5x: {'ok' if mine / base >= 1.5 else 'MISS'})")
+    for k in ("ceiling: forced length bf16", "ceiling: forced length fp32"):
+        print(f"ours as a fraction of {k}: {mine / rate[k]:.2f}")
+    if a.run_rss:
+        print("default refinery run:", peak_rss_of_default_run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The one config tree of a curriculum run: a pydantic model with a section per stage.
+
+Bounds live in the schema (`Field(ge=...)`, `Literal`) so the Prefect UI renders them in its parameter form
+and rejects bad values before a run starts. Every default is a field here; none is a hidden constant.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SourceSpec(Section):
+    """One prompt source of the run's pool."""
+
+    source: str = Field(description="rg:<reasoning-gym task>, or a .jsonl/.parquet path")
+    size: int = Field(100, ge=1, le=1_000_000, description="rg: how many prompts to generate")
+    params: dict[str, Any] = Field(default_factory=dict, description="rg: difficulty fields")
+
+
+DEFAULT_SOURCES = [
+    SourceSpec(source="rg:products", size=20, params={"max_digits": 1}),
+    SourceSpec(source="rg:basic_arithmetic", size=20, params={
+        "min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+", "-"],
+        "allow_parentheses": False, "allow_negation": False}),
+    SourceSpec(source="rg:chain_sum", size=16, params={"min_terms": 2, "max_terms": 2, "max_digits": 1}),
+    SourceSpec(source="rg:products", size=4, params={"min_digits": 2, "max_digits": 2}),
+    SourceSpec(source="rg:chain_sum", size=4, params={"min_terms": 3, "max_terms": 4, "min_digits": 2, "max_digits": 2}),
+]
+
+
+class PoolConfig(Section):
+    sources: list[SourceSpec] = Field(default_factory=lambda: [s.model_copy() for s in DEFAULT_SOURCES],
+                                      description="where the run's prompts come from")
+    seed: int = Field(0, ge=0, description="generator seed for rg: sources")
+
+
+class ModelConfig(Section):
+    policy: str = Field("default", description="'default' (embedded SmolLM2-135M-Instruct), 'tiny-random', "
+                        "a local checkpoint folder, or a Hugging Face id")
+    backend: Literal["transformers", "vllm"] = Field("transformers", description="vllm needs the gpu extra")
+    device: str = Field("cpu", description="cpu, cuda or cuda:N")
+    dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 where the device has it natively")
+    batch_size: int = Field(64, ge=1, le=4096, description="sequences decoded together")
+
+    @field_validator("policy")
+    @classmethod
+    def _policy_exists(cls, v: str) -> str:
+        p = Path(v).expanduser()
+        if v.startswith((".", "/", "~")) and not p.exists():
+            raise ValueError(f"model path {v!r} does not exist")
+        return v
+
+
+class RolloutConfig(Section):
+    group_size: int = Field(8, ge=2, le=256, description="G: samples per prompt")
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(64, ge=1, le=8192)
+    seed: int = Field(0, ge=0, description="sampling seed; round r uses seed * 1000 + r")
+    instruction: str = Field("Put your final answer within \\boxed{}.",
+                             description="appended to every question before the chat template")
+    include_reserve: bool = Field(True, description="also re-probe reserve prompts each round (until selection)")
+
+
+class RewardConfig(Section):
+    verifier: Literal["auto", "rg", "math", "exact"] = Field("auto", description="auto: rg for rg: sources, else math")
+    strict: bool = Field(False, description="only \\boxed{} or <answer> tags count as an answer")
+    format_weight: float = Field(0.0, ge=0.0, le=1.0, description="weight of the format reward")
+
+
+class UtilityConfig(Section):
+    beta: float = Field(0.5, gt=0.0, le=100.0, description="EPS temperature: small favours hard-but-solvable")
+    tau: float = Field(0.0, ge=0.0, le=1.0, description="EPS threshold for 'informative' and reactivation")
+    eps: float = Field(1e-6, gt=0.0, le=0.1, description="tolerance for constant groups")
+
+
+class RunConfig(Section):
+    """A curriculum run. Rerunning the same run_id resumes at the first stage that has not landed."""
+
+    run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+                               description="default: run-<UTC timestamp>")
+    rounds: int = Field(2, ge=1, le=10_000)
+    store: str | None = Field(None, description="store root; default $REFINERY_STORE or ./refinery-store")
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    utility: UtilityConfig = Field(default_factory=UtilityConfig)
+
+
+def _set(tree: dict, dotted: str, raw: str) -> None:
+    import json
+
+    keys = dotted.split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ValueError(f"--set {dotted}: {k!r} is not a section")
+    try:
+        node[keys[-1]] = json.loads(raw)
+    except json.JSONDecodeError:
+        node[keys[-1]] = raw
+
+
+def load_config(path: str | None = None, sets: list[str] = (), **overrides: Any) -> RunConfig:
+    """A RunConfig from an optional TOML file, `section.key=value` overrides and keyword overrides.
+    Raises ValueError naming each bad field."""
+    tree: dict = {}
+    if path:
+        try:
+            tree = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"config file {path!r} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config file {path!r}: {e}") from None
+    for item in sets:
+        if "=" not in item:
+            raise ValueError(f"--set {item!r}: expected section.key=value")
+        _set(tree, *item.split("=", 1))
+    tree.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"invalid config: {problems}") from None

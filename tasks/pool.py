@@ -1,0 +1,53 @@
+"""Pool stage: the run's prompt membership for a round (ALGORITHMS.md §2).
+
+Round 0 lands the configured sources (ingestion is idempotent: content-addressed ids) and makes every one
+of their prompts active. Later rounds derive membership from the previous round's pool and scores
+(`utility.next_pool`): non-informative originals go to reserve, reserve prompts that recover come back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+from prefect import task
+
+from storage.query import scan
+from storage.store import Store
+from tasks.ingest import commit_prompts, load_source
+from tasks.utility import next_pool
+
+
+def initial_pool(store: Store, run_id: str, sources: list[Any], seed: int) -> pl.DataFrame:
+    ids: list[str] = []
+    for spec in sources:
+        rows, bad = load_source(spec.source, spec.size, seed, dict(spec.params))
+        if bad:
+            raise ValueError(f"pool source {spec.source}: {len(bad)} bad row(s), e.g. {bad[0]}")
+        commit_prompts(store, rows)
+        ids += [r.prompt_id for r in rows]
+    unique = sorted(set(ids))
+    return pl.DataFrame({"run_id": [run_id] * len(unique), "round": [0] * len(unique), "prompt_id": unique,
+                         "status": ["active"] * len(unique), "level": [None] * len(unique)},
+                        schema={"run_id": pl.String, "round": pl.Int32, "prompt_id": pl.String,
+                                "status": pl.String, "level": pl.String})
+
+
+def build_pool(store: Store, run_id: str, round: int, sources: list[Any], seed: int) -> dict:
+    if store.landed(run_id, round, "pool"):
+        return {"stage": "pool", "round": round, "skipped": "already landed"}
+    if round == 0:
+        pool = initial_pool(store, run_id, sources, seed)
+    else:
+        def prev(table: str) -> pl.DataFrame:
+            return scan(store, table).filter((pl.col("run_id") == run_id) & (pl.col("round") == round - 1)).collect()
+
+        prompts = scan(store, "prompts").select("prompt_id", "transform").unique("prompt_id").collect()
+        pool = next_pool(prev("pool"), prev("prompt_scores"), prompts, round)
+    store.commit("pool", {"pool": pool.to_arrow()}, run_id=run_id, round=round)
+    return {"stage": "pool", "round": round, "status": dict(pool.group_by("status").len().iter_rows())}
+
+
+@task(name="pool")
+def pool_task(store_uri: str, run_id: str, round: int, sources: list[Any], seed: int) -> dict:
+    return build_pool(Store(store_uri), run_id, round, sources, seed)

@@ -1,0 +1,42 @@
+"""Progress on long work: a rich progress bar on the terminal and, inside a Prefect run, a progress artifact."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+
+def _in_prefect_run() -> bool:
+    from prefect.context import FlowRunContext, TaskRunContext
+
+    return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+@contextmanager
+def progress_reporter(label: str, total: int, key: str | None = None) -> Iterator[Callable[[int], None]]:
+    """Yields `advance(k)`. The bar goes to stderr; the artifact is updated at most every 5%."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    artifact_id = None
+    if _in_prefect_run():
+        from prefect.artifacts import create_progress_artifact
+
+        artifact_id = create_progress_artifact(progress=0.0, description=label)
+    done = {"n": 0, "reported": 0.0}
+    bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                   transient=False, disable=not sys.stderr.isatty())
+    with bar:
+        tid = bar.add_task(label, total=total)
+
+        def advance(k: int) -> None:
+            done["n"] += k
+            bar.update(tid, completed=done["n"])
+            pct = 100.0 * done["n"] / max(total, 1)
+            if artifact_id is not None and (pct - done["reported"] >= 5 or done["n"] >= total):
+                from prefect.artifacts import update_progress_artifact
+
+                update_progress_artifact(artifact_id=artifact_id, progress=pct)
+                done["reported"] = pct
+
+        yield advance

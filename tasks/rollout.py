@@ -1,0 +1,90 @@
+"""Collect stage: G samples per pool prompt from the current policy, verified and stored as `rollouts`.
+
+Each prompt is the question plus the configured instruction, rendered with the model's chat template.
+The whole round lands as one atomic stage; a crash mid-collection leaves nothing, and the rerun collects
+the round again with the same seed (so exactly one set of rollouts per prompt and round exists).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+from prefect import task
+
+from models.backend import Sampling
+from models.registry import load_backend
+from storage.query import scan
+from storage.store import Store, fault_point
+from tasks.reporting import progress_reporter
+from tasks.rewards import verify
+
+
+def pool_prompts(store: Store, run_id: str, round: int, include_reserve: bool) -> pl.DataFrame:
+    """The prompts this round collects for: active pool members (and reserve ones, if re-probing)."""
+    statuses = ["active", "reserve"] if include_reserve else ["active"]
+    pool = scan(store, "pool").filter((pl.col("run_id") == run_id) & (pl.col("round") == round)
+                                      & pl.col("status").is_in(statuses))
+    prompts = scan(store, "prompts").select("prompt_id", "text", "answer", "source", "meta").unique("prompt_id")
+    return pool.select("prompt_id").join(prompts, on="prompt_id", how="inner").sort("prompt_id").collect()
+
+
+def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], run_id: str, round: int,
+                  policy_version: int, reward_cfg: Any) -> pa.Table:
+    cols: dict[str, list] = {k: [] for k in ("prompt_id", "sample_idx", "prompt_text", "completion", "reward",
+                                             "correct", "n_tokens", "mean_logprob", "finish_reason")}
+    for row, text, group in zip(prompts.iter_rows(named=True), rendered, groups):
+        for i, c in enumerate(group):
+            v = verify(c.text, row["answer"], row["source"], row["text"], row["meta"], reward_cfg.verifier,
+                       reward_cfg.strict, reward_cfg.format_weight)
+            for k, x in (("prompt_id", row["prompt_id"]), ("sample_idx", i), ("prompt_text", text),
+                         ("completion", c.text), ("reward", v.reward), ("correct", v.correct),
+                         ("n_tokens", c.n_tokens), ("mean_logprob", c.mean_logprob),
+                         ("finish_reason", c.finish_reason)):
+                cols[k].append(x)
+    n = len(cols["prompt_id"])
+    return pa.table({"run_id": [run_id] * n, "round": [round] * n, "policy_version": [policy_version] * n,
+                     **cols, "augmentation": pa.nulls(n, pa.string())})
+
+
+def collect(store: Store, run_id: str, round: int, policy_version: int, model_cfg: Any, rollout_cfg: Any,
+            reward_cfg: Any) -> dict:
+    """Generate, verify and land the round's rollouts. Returns a small summary."""
+    if store.landed(run_id, round, "collect"):
+        return {"stage": "collect", "round": round, "skipped": "already landed"}
+    prompts = pool_prompts(store, run_id, round, rollout_cfg.include_reserve)
+    if prompts.height == 0:
+        raise ValueError(f"run {run_id} round {round}: the pool has no prompt to collect for")
+    backend = load_backend(model_cfg.policy, model_cfg.backend, model_cfg.device, model_cfg.dtype,
+                           model_cfg.batch_size)
+    rendered = [backend.render([{"role": "user", "content": f"{q}\n{rollout_cfg.instruction}".strip()}])
+                for q in prompts["text"]]
+    sampling = Sampling(rollout_cfg.temperature, rollout_cfg.top_p, rollout_cfg.max_new_tokens,
+                        seed=rollout_cfg.seed * 1000 + round)
+    total = prompts.height * rollout_cfg.group_size
+    t0 = time.perf_counter()
+    with progress_reporter(f"round {round}: rollouts", total) as advance:
+        def on_progress(k: int) -> None:
+            advance(k)
+            fault_point("collect:mid")  # test hook: a fault test kills the process here, mid-collection
+
+        groups = backend.generate(rendered, rollout_cfg.group_size, sampling, progress=on_progress)
+    seconds = time.perf_counter() - t0
+    table = rollout_table(prompts, groups, rendered, run_id, round, policy_version, reward_cfg)
+    store.commit("collect", {"rollouts": table}, run_id=run_id, round=round)
+    n_tokens = sum(table["n_tokens"].to_pylist())
+    return {"stage": "collect", "round": round, "prompts": prompts.height, "rollouts": table.num_rows,
+            "tokens": n_tokens, "seconds": round_(seconds), "tokens_per_s": round_(n_tokens / max(seconds, 1e-9)),
+            "pass_rate": round_(sum(table["correct"].to_pylist()) / max(table.num_rows, 1))}
+
+
+def round_(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+@task(name="collect")
+def collect_task(store_uri: str, run_id: str, round: int, policy_version: int, model_cfg: Any, rollout_cfg: Any,
+                 reward_cfg: Any) -> dict:
+    return collect(Store(store_uri), run_id, round, policy_version, model_cfg, rollout_cfg, reward_cfg)

@@ -1,0 +1,91 @@
+"""End-to-end curriculum runs on the tiny model, and resume after a SIGKILL mid-collection."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flows.config import load_config
+from storage.query import sql
+from storage.store import Store
+
+TINY = ["model.policy=tiny-random", "model.dtype=fp32", "rollout.max_new_tokens=4", "rollout.group_size=4",
+        'pool.sources=[{"source": "rg:products", "size": 5, "params": {"max_digits": 1}}, '
+        '{"source": "rg:chain_sum", "size": 3, "params": {"max_terms": 2, "max_digits": 1}}]']
+
+
+def _counts(store: Store, run: str) -> dict:
+    q = f"""SELECT (SELECT count(*) FROM rollouts WHERE run_id = '{run}') AS rollouts,
+                   (SELECT count(*) FROM (SELECT DISTINCT round, prompt_id, sample_idx FROM rollouts
+                                          WHERE run_id = '{run}')) AS distinct_rollouts,
+                   (SELECT count(*) FROM prompt_scores WHERE run_id = '{run}') AS scores,
+                   (SELECT count(*) FROM pool WHERE run_id = '{run}') AS pool"""
+    return sql(store, q).to_pylist()[0]
+
+
+def test_two_rounds_on_the_tiny_model(prefect_api, store):
+    from flows.curriculum import curriculum
+
+    out = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
+    assert [s["stage"] for s in out["stages"]] == ["pool", "collect", "score"] * 2
+    per_prompt = sql(store, """SELECT r.round, r.prompt_id, count(*) AS n, any_value(s.bucket) AS bucket,
+                                      any_value(s.eps) AS eps
+                               FROM rollouts r JOIN prompt_scores s USING (run_id, round, prompt_id)
+                               GROUP BY ALL""").to_pylist()
+    assert len(per_prompt) == 2 * 8
+    assert all(r["n"] == 4 and r["bucket"] in ("informative", "saturated", "too_hard", "flat") and r["eps"] >= 0
+               for r in per_prompt)
+    statuses = sql(store, "SELECT status FROM runs WHERE run_id = 'e2e' ORDER BY created_at").column("status")
+    assert statuses.to_pylist() == ["running", "completed"]
+    # rerunning a finished run lands nothing new
+    again = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
+    assert all("skipped" in s for s in again["stages"])
+    assert _counts(store, "e2e") == {"rollouts": 64, "distinct_rollouts": 64, "scores": 16, "pool": 16}
+    with pytest.raises(ValueError, match="differs in: rollout"):
+        curriculum(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="e2e", store=store.root))
+
+
+RUN = """
+import sys
+sys.path.insert(0, "tests")
+from flows.config import load_config
+from flows.curriculum import curriculum
+from test_curriculum import TINY
+curriculum(load_config(sets=TINY, run_id=sys.argv[2], store=sys.argv[1], rounds=2))
+"""
+
+
+def _run(store: Store, run_id: str, env: dict | None = None) -> subprocess.Popen:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "", **(env or {})}
+    return subprocess.Popen([sys.executable, "-c", RUN, store.root, run_id], env=env,
+                            cwd=os.path.dirname(os.path.dirname(__file__)))
+
+
+def test_sigkill_mid_collection_then_resume(prefect_api, store, tmp_path):
+    flag = tmp_path / "reached"
+    proc = _run(store, "crash", {"REFINERY_FAULT": "collect:mid", "REFINERY_FAULT_FLAG": str(flag)})
+    deadline = time.time() + 300
+    while not flag.exists():
+        assert proc.poll() is None, "the run ended before reaching mid-collection"
+        assert time.time() < deadline
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert store.landed("crash", 0, "pool") and not store.landed("crash", 0, "collect")
+    assert _counts(store, "crash")["rollouts"] == 0
+
+    assert _run(store, "crash").wait(timeout=300) == 0
+    assert _run(store, "clean").wait(timeout=300) == 0
+    crashed, clean = _counts(store, "crash"), _counts(store, "clean")
+    assert crashed == clean == {"rollouts": 64, "distinct_rollouts": 64, "scores": 16, "pool": 16}
+    same = sql(store, """SELECT count(*) AS n FROM rollouts a JOIN rollouts b
+                         ON a.round = b.round AND a.prompt_id = b.prompt_id AND a.sample_idx = b.sample_idx
+                         WHERE a.run_id = 'crash' AND b.run_id = 'clean' AND a.completion = b.completion""")
+    assert same.to_pylist() == [{"n": 64}]  # the resumed round resampled with the same seed
+    statuses = sql(store, "SELECT status FROM runs WHERE run_id = 'crash' ORDER BY created_at").column("status")
+    assert statuses.to_pylist() == ["running", "resumed", "completed"]
