@@ -78,7 +78,8 @@ def print_summary(out: dict) -> None:
             round(quantile_cont(eps, 0.75), 3) AS eps_p75, round(max(eps), 3) AS eps_max
             FROM prompt_scores WHERE run_id = '{run}' GROUP BY ALL ORDER BY round, bucket"""
     print(_format(sql(store, q), "table"))
-    print(f"run {run} ({out['started_as']}) finished in {out['seconds']:.0f} s; store: {store.uri}")
+    how = "resumed" if out["started_as"] == "resumed" else "new run"
+    print(f"run {run} ({how}) finished in {out['seconds']:.0f} s; store: {store.uri}")
     example = f"SELECT round, bucket, count(*) FROM prompt_scores WHERE run_id = '{run}' GROUP BY ALL ORDER BY ALL"
     print(f'try: refinery sql --store {store.uri} "{example}"')
 

@@ -41,3 +41,17 @@ def test_schema_carries_bounds_for_the_ui_form():
     rollout = schema["$defs"]["RolloutConfig"]["properties"]
     assert rollout["group_size"]["minimum"] == 2 and rollout["temperature"]["maximum"] == 2.0
     assert schema["$defs"]["RewardConfig"]["properties"]["verifier"]["enum"] == ["auto", "rg", "math", "exact"]
+
+
+def test_readme_example_config_is_accepted(tmp_path):
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = re.search(r"```toml\n(.*?)```", readme, re.DOTALL).group(1)
+    (tmp_path / "example.toml").write_text(example)
+    c = load_config(str(tmp_path / "example.toml"))
+    defaults = RunConfig()
+    for section in ("model", "rollout", "reward", "utility"):
+        assert getattr(c, section) == getattr(defaults, section), section
+    assert c.run_id == "my-run" and len(c.pool.sources) == 2

@@ -89,3 +89,36 @@ def test_sigkill_mid_collection_then_resume(prefect_api, store, tmp_path):
     assert same.to_pylist() == [{"n": 64}]  # the resumed round resampled with the same seed
     statuses = sql(store, "SELECT status FROM runs WHERE run_id = 'crash' ORDER BY created_at").column("status")
     assert statuses.to_pylist() == ["running", "resumed", "completed"]
+
+
+def test_one_round_on_the_embedded_model(prefect_api, store):
+    """The real default policy on real reasoning-gym prompts: it solves some, with sane log-probs."""
+    from flows.curriculum import curriculum
+
+    sets = ["rollout.group_size=2", "rollout.max_new_tokens=32",
+            'pool.sources=[{"source": "rg:products", "size": 10, "params": {"max_digits": 1}}]']
+    curriculum(load_config(sets=sets, run_id="real", store=store.root, rounds=1))
+    t = sql(store, """SELECT count(*) AS n, sum(correct::INT) AS solved, max(mean_logprob) AS best_lp,
+                             min(n_tokens) AS min_tok, count(DISTINCT prompt_id) AS prompts
+                      FROM rollouts WHERE run_id = 'real'""").to_pylist()[0]
+    assert t["prompts"] == 10 and t["n"] == 20 and t["min_tok"] >= 1
+    assert 1 <= t["solved"] <= 20 and t["best_lp"] < 0
+    assert "<|im_start|>assistant" in sql(store, "SELECT any_value(prompt_text) AS p FROM rollouts").to_pylist()[0]["p"]
+
+
+def test_collect_publishes_a_progress_artifact(prefect_api, store):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterType
+
+    from flows.curriculum import curriculum
+
+    curriculum(load_config(sets=TINY, run_id="art", store=store.root, rounds=1))
+
+    async def progress_artifacts():
+        async with get_client() as client:
+            return await client.read_artifacts(artifact_filter=ArtifactFilter(type=ArtifactFilterType(any_=["progress"])))
+
+    arts = asyncio.run(progress_artifacts())
+    assert any(a.data == 100.0 and "rollouts" in (a.description or "") for a in arts)
