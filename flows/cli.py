@@ -42,13 +42,11 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 
     summary = ingest(a.source, size=a.size, seed=a.seed, params=_params(a.param), skip_invalid=a.skip_invalid,
                      source_name=a.source_name, store=a.store)
+    from tasks.ingest import IngestSummary
+
     for line in summary["skipped"]:
         print(f"skipped {line}", file=sys.stderr)
-    print(
-        f"{summary['source']}: {summary['read']} rows read, {summary['new']} new prompts landed, "
-        f"{summary['already_present']} already in the store, {summary['duplicates_in_source']} duplicates "
-        f"within the source, {len(summary['skipped'])} invalid rows skipped"
-    )
+    print(IngestSummary(**summary))
     return 0
 
 

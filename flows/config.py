@@ -25,6 +25,8 @@ class SourceSpec(Section):
     params: dict[str, Any] = Field(default_factory=dict, description="rg: difficulty fields")
 
 
+# The embedded-model demo's pool: problems SmolLM2-135M solves about a third of the time, so most groups
+# are mixed, plus a few at harder settings so that the too_hard bucket is not empty.
 DEFAULT_SOURCES = [
     SourceSpec(source="rg:products", size=20, params={"max_digits": 1}),
     SourceSpec(source="rg:basic_arithmetic", size=20, params={
@@ -67,7 +69,20 @@ class RolloutConfig(Section):
     seed: int = Field(0, ge=0, description="sampling seed; round r uses seed * 1000 + r")
     instruction: str = Field("Put your final answer within \\boxed{}.",
                              description="appended to every question before the chat template")
-    include_reserve: bool = Field(True, description="also re-probe reserve prompts each round (until selection)")
+    include_reserve: bool = Field(False, description="reserve prompts are candidates too (default: only the "
+                                  "rescore flow re-probes them)")
+
+
+class SelectConfig(Section):
+    """Which prompts a round collects for (ALGORITHMS.md §4). 'all' collects the whole pool."""
+
+    selector: Literal["kmeans", "uniform", "dapo_filter", "all"] = Field("kmeans")
+    batch_size: int = Field(48, ge=1, le=10_000_000, description="B: prompts selected per round")
+    k_max: int = Field(64, ge=1, le=4096, description="K = min(k_max, ceil(candidates / 8))")
+    temperature: float = Field(0.1, gt=0.0, le=100.0, description="T_sel of the cluster-weight softmax")
+    bonus: float = Field(0.1, ge=0.0, le=10.0, description="exploration bonus for never-scored prompts")
+    embedder: Literal["minilm", "policy", "hashing"] = Field("minilm")
+    seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r")
 
 
 class RewardConfig(Section):
@@ -92,6 +107,7 @@ class RunConfig(Section):
     pool: PoolConfig = Field(default_factory=PoolConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    select: SelectConfig = Field(default_factory=SelectConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     utility: UtilityConfig = Field(default_factory=UtilityConfig)
 

@@ -1,12 +1,13 @@
-"""The curriculum flow: R rounds of pool -> collect -> score over one experience store.
+"""The curriculum flow: R rounds of pool -> select -> collect -> score over one experience store.
 
 Choices, and why:
 - Every stage is a Prefect task that commits one store partition and returns a small summary; large data
   never passes through Prefect results.
 - Resume is store-driven: a stage whose commit record exists is skipped, so rerunning a run_id continues at
   the first stage that has not landed, whatever killed it.
-- Until training lands, every round samples the same policy (policy_version 0), and every pool prompt,
-  reserve included, is re-probed each round (rollout.include_reserve) until selection lands.
+- Until training lands, every round samples the same policy (policy_version 0).
+- Selection (k-means over prompt embeddings, weighted by last round's EPS) picks each round's batch from
+  the active pool; selector 'all' collects the whole pool instead.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from storage.store import Store, default_root
 from tasks.pool import pool_task
 from tasks.rollout import collect_task
 from tasks.runs import mark, stored_config
+from tasks.select import select_task
 from tasks.utility import score_task
 
 POLICY_VERSION = 0
@@ -55,8 +57,12 @@ def curriculum(config: RunConfig) -> dict:
     try:
         for r in range(config.rounds):
             stages.append(pool_task(store.uri, config.run_id, r, config.pool.sources, config.pool.seed))
+            selecting = config.select.selector != "all"
+            if selecting:
+                stages.append(select_task(store.uri, config.run_id, r, config.select, config.model,
+                                          config.rollout.include_reserve))
             stages.append(collect_task(store.uri, config.run_id, r, POLICY_VERSION, config.model, config.rollout,
-                                       config.reward))
+                                       config.reward, selecting))
             u = config.utility
             stages.append(score_task(store.uri, config.run_id, r, u.beta, u.tau, u.eps))
     except BaseException:

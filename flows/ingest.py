@@ -1,9 +1,5 @@
-"""Ingestion flows: one source, or the default prompt pool of the embedded-model demo.
-
-The default pool (DESIGN.md, issue 3) mixes problems the embedded SmolLM2-135M solves about a third of the
-time, so most groups are mixed: 1-digit products, 1-digit +/- arithmetic and 2-term 1-digit chain sums,
-plus a few at harder settings so that the too_hard bucket is not empty.
-"""
+"""The ingest flow: validate one source and land its new prompts (a run's own pool sources are landed by
+the curriculum flow's pool stage; see flows/config.py for the default pool)."""
 
 from __future__ import annotations
 
@@ -13,16 +9,6 @@ from prefect import flow
 
 from storage.store import Store, default_root
 from tasks.ingest import ingest_task
-
-DEFAULT_POOL: list[dict] = [
-    {"source": "rg:products", "size": 32, "params": {"max_digits": 1}},
-    {"source": "rg:basic_arithmetic",
-     "size": 32, "params": {"min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+", "-"],
-                            "allow_parentheses": False, "allow_negation": False}},
-    {"source": "rg:chain_sum", "size": 32, "params": {"min_terms": 2, "max_terms": 2, "max_digits": 1}},
-    {"source": "rg:products", "size": 8, "params": {"min_digits": 2, "max_digits": 2}},
-    {"source": "rg:chain_sum", "size": 8, "params": {"min_terms": 3, "max_terms": 4, "min_digits": 2, "max_digits": 2}},
-]
 
 
 @flow(name="ingest", validate_parameters=True)
@@ -39,14 +25,3 @@ def ingest(
     s = Store(store or default_root())
     s.cleanup()
     return ingest_task(s.uri, source, size, seed, params or {}, skip_invalid, source_name)
-
-
-@flow(name="ingest-pool")
-def ingest_pool(seed: int = 0, store: str | None = None, pool: list[dict] | None = None) -> list[dict]:
-    """Land every source of `pool` (default: DEFAULT_POOL). Re-running adds nothing that is already there."""
-    s = Store(store or default_root())
-    s.cleanup()
-    return [
-        ingest_task(s.uri, spec["source"], spec.get("size", 100), seed, spec.get("params", {}), False, None)
-        for spec in (pool or DEFAULT_POOL)
-    ]

@@ -138,6 +138,23 @@ TABLES: dict[str, pa.Schema] = {
         _f("path", pa.string()),
         _f("created_at", TS),
     ]),
+    # Selection's cache and state (ALGORITHMS.md §4): one vector per (prompt, embedder), and each round's
+    # k-means centroids, from which the next round warm-starts.
+    "embeddings": pa.schema([
+        _f("prompt_id", pa.string()),
+        _f("embedder", pa.string()),
+        _f("vector", pa.list_(pa.float32())),
+    ]),
+    "centroids": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("cluster", pa.int32()),
+        _f("embedder", pa.string()),
+        _f("size", pa.int32()),
+        _f("utility", pa.float64()),
+        _f("weight", pa.float64()),
+        _f("vector", pa.list_(pa.float32())),
+    ]),
 }
 
 _DUCKDB_TYPES = {
@@ -147,6 +164,7 @@ _DUCKDB_TYPES = {
     pa.float64(): "DOUBLE",
     pa.bool_(): "BOOLEAN",
     TS: "TIMESTAMP WITH TIME ZONE",
+    pa.list_(pa.float32()): "FLOAT[]",
 }
 
 

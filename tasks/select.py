@@ -1,0 +1,217 @@
+"""Select stage: k-means diverse selection ("Diversify and Conquer", arXiv 2409.11378; ALGORITHMS.md §4),
+with the remaining gap measured by EPS, plus the `uniform` and `dapo_filter` baselines behind one interface.
+
+kmeans: embed the candidates; K = min(k_max, ceil(n/8)) clusters, warm-started from last round's centroids;
+u_c = mean EPS of members scored last round (members never scored count as the mean of the scored ones plus
+an exploration bonus); w_c = softmax(u_c / T_sel); the batch is split over clusters by w with largest-
+remainder rounding, capped at each cluster's size (the excess is re-split over clusters with room); inside
+a cluster, members are drawn without replacement with probability proportional to EPS + bonus.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+from prefect import task
+
+from models.registry import load_backend
+from storage.query import scan
+from storage.store import Store
+from tasks.embed import cached_embeddings
+
+SELECTORS = ("kmeans", "uniform", "dapo_filter")
+
+
+def n_clusters(n: int, k_max: int = 64) -> int:
+    return max(1, min(k_max, math.ceil(n / 8), n))
+
+
+def kmeans(x: np.ndarray, k: int, init: np.ndarray | None = None, seed: int = 0, max_iter: int = 50):
+    """(labels, centroids). Warm-starts from `init` when it has k rows of the right width."""
+    from sklearn.cluster import KMeans, MiniBatchKMeans
+
+    warm = init is not None and init.shape == (k, x.shape[1])
+    if x.shape[0] > 20_000:  # full Lloyd iterations over 10^5+ points are too slow for a 10 s budget
+        km = MiniBatchKMeans(k, init=init if warm else "k-means++", n_init=1, random_state=seed,
+                             batch_size=4096, max_iter=max_iter)
+    else:
+        km = KMeans(k, init=init if warm else "k-means++", n_init=1, random_state=seed, max_iter=max_iter)
+    labels = km.fit_predict(x)
+    return labels.astype(np.int32), km.cluster_centers_.astype(np.float32)
+
+
+def cluster_utility(labels: np.ndarray, eps: np.ndarray, k: int, bonus: float) -> np.ndarray:
+    """u_c: mean EPS of scored members (eps is NaN where unscored), unscored members valued at the mean of
+    all scored prompts plus `bonus`."""
+    scored = ~np.isnan(eps)
+    fill = (eps[scored].mean() if scored.any() else 0.0) + bonus
+    value = np.where(scored, eps, fill)
+    sums = np.bincount(labels, weights=value, minlength=k)
+    counts = np.bincount(labels, minlength=k)
+    return np.divide(sums, counts, out=np.full(k, -np.inf), where=counts > 0)
+
+
+def softmax_weights(u: np.ndarray, temperature: float) -> np.ndarray:
+    z = np.where(np.isfinite(u), u / temperature, -np.inf)
+    z = z - z[np.isfinite(z)].max()
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def allocate(batch: int, weights: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Split `batch` over clusters by `weights` (largest remainder), never above a cluster's size; the
+    excess of full clusters is split again over those with room.
+
+    >>> allocate(10, np.array([0.5, 0.3, 0.2]), np.array([100, 100, 100])).tolist()
+    [5, 3, 2]
+    >>> allocate(10, np.array([0.8, 0.1, 0.1]), np.array([2, 100, 100])).tolist()
+    [2, 4, 4]
+    """
+    sizes = sizes.astype(np.int64)
+    batch = min(batch, int(sizes.sum()))
+    counts = np.zeros_like(sizes)
+    while counts.sum() < batch:
+        room = sizes - counts
+        w = np.where(room > 0, weights, 0.0)
+        if w.sum() <= 0:
+            w = (room > 0).astype(float)
+        w = w / w.sum()
+        left = batch - counts.sum()
+        exact = w * left
+        add = np.floor(exact).astype(np.int64)
+        rest = left - add.sum()
+        if rest:
+            order = np.lexsort((np.arange(len(w)), -(exact - add)))  # largest remainder, ties by index
+            add[order[:rest]] += 1
+        counts += np.minimum(add, room)
+    return counts
+
+
+def select_kmeans(prompt_ids: list[str], x: np.ndarray, eps: np.ndarray, batch: int, k_max: int = 64,
+                  temperature: float = 0.1, bonus: float = 0.1, init: np.ndarray | None = None,
+                  seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Returns (selection rows: prompt_id, cluster, weight, reason; centroids: cluster, size, utility,
+    weight, vector)."""
+    rng = np.random.default_rng(seed)
+    k = n_clusters(len(prompt_ids), k_max)
+    labels, centers = kmeans(x, k, init, seed)
+    u = cluster_utility(labels, eps, k, bonus)
+    w = softmax_weights(u, temperature)
+    sizes = np.bincount(labels, minlength=k)
+    quota = allocate(batch, w, sizes)
+    scored = ~np.isnan(eps)
+    fill = (eps[scored].mean() if scored.any() else 0.0)
+    value = np.where(scored, eps, fill) + bonus  # + bonus keeps zero-EPS members reachable
+    chosen, reasons = [], []
+    for c in np.nonzero(quota)[0]:
+        members = np.nonzero(labels == c)[0]
+        p = value[members] / value[members].sum()
+        picks = rng.choice(members, size=quota[c], replace=False, p=p)
+        chosen += picks.tolist()
+        reasons += [f"kmeans: cluster {c} quota {quota[c]}/{sizes[c]}, "
+                    + (f"EPS {eps[i]:.3f}" if scored[i] else "unscored") for i in picks]
+    chosen_arr = np.asarray(chosen, dtype=np.int64)
+    rows = pl.DataFrame({
+        "prompt_id": [prompt_ids[i] for i in chosen],
+        "cluster": labels[chosen_arr] if chosen else np.array([], np.int32),
+        "weight": w[labels[chosen_arr]] if chosen else np.array([], float),
+        "reason": reasons,
+    }, schema={"prompt_id": pl.String, "cluster": pl.Int32, "weight": pl.Float64, "reason": pl.String})
+    cents = pl.DataFrame({"cluster": np.arange(k, dtype=np.int32), "size": sizes.astype(np.int32),
+                          "utility": np.where(np.isfinite(u), u, np.nan), "weight": w,
+                          "vector": list(centers)})
+    return rows, cents
+
+
+def select_uniform(prompt_ids: list[str], batch: int, seed: int = 0) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(prompt_ids), size=min(batch, len(prompt_ids)), replace=False)
+    return pl.DataFrame({"prompt_id": [prompt_ids[i] for i in picks], "cluster": [None] * len(picks),
+                         "weight": [None] * len(picks), "reason": ["uniform random"] * len(picks)},
+                        schema={"prompt_id": pl.String, "cluster": pl.Int32, "weight": pl.Float64,
+                                "reason": pl.String})
+
+
+def select_dapo_filter(prompt_ids: list[str], std: np.ndarray, batch: int, eps_tol: float = 1e-6,
+                       seed: int = 0) -> pl.DataFrame:
+    """DAPO dynamic sampling as a selector: prompts whose last group had zero variance are dropped; the
+    batch is filled from the varied ones, then refilled at random from prompts never scored."""
+    rng = np.random.default_rng(seed)
+    varied = np.nonzero(~np.isnan(std) & (std > eps_tol))[0]
+    unscored = np.nonzero(np.isnan(std))[0]
+    picks = rng.permutation(varied)[:batch].tolist()
+    reasons = ["dapo_filter: last group varied"] * len(picks)
+    if len(picks) < batch:
+        extra = rng.permutation(unscored)[: batch - len(picks)].tolist()
+        picks += extra
+        reasons += ["dapo_filter: refill, never scored"] * len(extra)
+    return pl.DataFrame({"prompt_id": [prompt_ids[i] for i in picks], "cluster": [None] * len(picks),
+                         "weight": [None] * len(picks), "reason": reasons},
+                        schema={"prompt_id": pl.String, "cluster": pl.Int32, "weight": pl.Float64,
+                                "reason": pl.String})
+
+
+def cluster_entropy(labels: np.ndarray) -> float:
+    """Shannon entropy (nats) of the cluster histogram of a batch: higher is more diverse."""
+    _, counts = np.unique(labels, return_counts=True)
+    p = counts / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+# ---- the stage ----------------------------------------------------------------------------------------------
+def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_reserve: bool) -> dict:
+    """Select stage: choose the round's batch from the pool, land `selections` (and `centroids`)."""
+    if store.landed(run_id, round, "select"):
+        return {"stage": "select", "round": round, "skipped": "already landed"}
+    statuses = ["active", "reserve"] if include_reserve else ["active"]
+    this = (pl.col("run_id") == run_id) & (pl.col("round") == round)
+    last = (pl.col("run_id") == run_id) & (pl.col("round") == round - 1)
+    pool = scan(store, "pool").filter(this & pl.col("status").is_in(statuses)).select("prompt_id")
+    texts = scan(store, "prompts").select("prompt_id", "text").unique("prompt_id")
+    scores = scan(store, "prompt_scores").filter(last).select("prompt_id", "eps", "std_reward")
+    cand = pool.join(texts, on="prompt_id").join(scores, on="prompt_id", how="left").sort("prompt_id").collect()
+    if cand.height == 0:
+        raise ValueError(f"run {run_id} round {round}: no candidate prompts to select from")
+    ids = cand["prompt_id"].to_list()
+    eps = cand["eps"].fill_null(np.nan).to_numpy().astype(float)
+    seed = cfg.seed * 1000 + round
+    tables = {}
+    if cfg.selector == "kmeans":
+        backend = (load_backend(model_cfg.policy, model_cfg.backend, model_cfg.device, model_cfg.dtype,
+                                model_cfg.batch_size) if cfg.embedder == "policy" else None)
+        x, fresh = cached_embeddings(store, cand.select("prompt_id", "text"), cfg.embedder, backend,
+                                     namespace=model_cfg.policy if cfg.embedder == "policy" else "")
+        prev = scan(store, "centroids").filter(last & (pl.col("embedder") == cfg.embedder)).sort("cluster").collect()
+        init = np.asarray(prev["vector"].to_list(), np.float32) if prev.height else None
+        rows, cents = select_kmeans(ids, x, eps, cfg.batch_size, cfg.k_max, cfg.temperature, cfg.bonus, init, seed)
+        tables["centroids"] = cents.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(round, pl.Int32).alias("round"),
+                                                 pl.lit(cfg.embedder).alias("embedder")).to_arrow()
+        extra = {"clusters": int(cents.height), "embedded": fresh, "warm_start": init is not None,
+                 "cluster_entropy": round_(cluster_entropy(rows["cluster"].to_numpy()))}
+    elif cfg.selector == "uniform":
+        rows, extra = select_uniform(ids, cfg.batch_size, seed), {}
+    elif cfg.selector == "dapo_filter":
+        std = cand["std_reward"].fill_null(np.nan).to_numpy().astype(float)
+        rows, extra = select_dapo_filter(ids, std, cfg.batch_size, seed=seed), {}
+    else:
+        raise ValueError(f"unknown selector {cfg.selector!r}: use one of {', '.join(SELECTORS)}")
+    sel = rows.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(round, pl.Int32).alias("round"),
+                            pl.lit(cfg.selector).alias("selector"))
+    tables["selections"] = sel.to_arrow()
+    store.commit("select", tables, run_id=run_id, round=round)
+    picked = np.isin(np.asarray(ids), sel["prompt_id"].to_numpy())
+    scored_eps = np.nan_to_num(eps, nan=0.0)
+    return {"stage": "select", "round": round, "selector": cfg.selector, "candidates": len(ids),
+            "selected": sel.height, "mean_eps_selected": round_(float(scored_eps[picked].mean()) if picked.any() else 0.0),
+            "mean_eps_pool": round_(float(scored_eps.mean())), **extra}
+
+
+def round_(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+@task(name="select")
+def select_task(store_uri: str, run_id: str, round: int, cfg, model_cfg, include_reserve: bool) -> dict:
+    return select_batch(Store(store_uri), run_id, round, cfg, model_cfg, include_reserve)

@@ -1,0 +1,110 @@
+import numpy as np
+import polars as pl
+import pytest
+
+from tasks.select import (
+    allocate,
+    cluster_entropy,
+    cluster_utility,
+    n_clusters,
+    select_dapo_filter,
+    select_kmeans,
+    select_uniform,
+    softmax_weights,
+)
+
+
+def test_cluster_count_rule():
+    assert [n_clusters(n) for n in (1, 8, 9, 100, 10_000)] == [1, 1, 2, 13, 64]
+    assert n_clusters(10_000, k_max=16) == 16
+
+
+def test_softmax_weights_follow_utility_and_temperature():
+    u = np.array([0.4, 0.2, 0.0, -np.inf])  # -inf: an empty cluster gets no weight
+    w = softmax_weights(u, 0.1)
+    assert w.sum() == pytest.approx(1.0) and w[3] == 0.0
+    assert w[0] / w[1] == pytest.approx(np.exp(2.0))
+    assert np.allclose(softmax_weights(np.array([0.4, 0.2]), 1e6), [0.5, 0.5])
+
+
+def test_unscored_members_get_the_scored_mean_plus_bonus():
+    labels = np.array([0, 0, 1, 1])
+    eps = np.array([0.2, 0.4, np.nan, np.nan])
+    u = cluster_utility(labels, eps, k=3, bonus=0.05)
+    assert u[0] == pytest.approx(0.3) and u[1] == pytest.approx(0.35) and u[2] == -np.inf
+
+
+@pytest.mark.parametrize("batch,w,sizes,expected", [
+    (10, [0.5, 0.3, 0.2], [100, 100, 100], [5, 3, 2]),
+    (7, [0.5, 0.3, 0.2], [100, 100, 100], [4, 2, 1]),   # remainders .5, .1, .4: the largest gets the spare
+    (10, [0.8, 0.1, 0.1], [2, 100, 100], [2, 4, 4]),    # a capped cluster's excess is re-split
+    (50, [0.6, 0.4], [10, 20], [10, 20]),               # more than the pool: everyone
+    (3, [1.0, 0.0, 0.0], [1, 5, 5], [1, 1, 1]),         # zero-weight clusters still absorb overflow
+])
+def test_largest_remainder_allocation_with_caps(batch, w, sizes, expected):
+    got = allocate(batch, np.array(w), np.array(sizes))
+    assert got.tolist() == expected
+    assert (got <= np.array(sizes)).all() and got.sum() == min(batch, sum(sizes))
+
+
+def _pool(seed=0, clusters=8, per=50, dim=16):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(clusters, dim)) * 5
+    x = np.concatenate([c + rng.normal(size=(per, dim)) for c in centers]).astype(np.float32)
+    truth = np.repeat(np.arange(clusters), per)
+    eps = np.where(truth % 2 == 0, 0.4, 0.02) + rng.uniform(0, 0.01, len(truth))
+    eps[rng.random(len(truth)) < 0.3] = np.nan  # some never scored
+    return [f"p{i}" for i in range(len(truth))], x, eps, truth
+
+
+def test_kmeans_beats_uniform_on_diversity_and_eps():
+    ids, x, eps, truth = _pool()
+    rows, cents = select_kmeans(ids, x, eps, batch=64, k_max=8, temperature=0.1, bonus=0.05, seed=1)
+    uni = select_uniform(ids, 64, seed=1)
+    idx = {p: i for i, p in enumerate(ids)}
+    k_idx = np.array([idx[p] for p in rows["prompt_id"]])
+    u_idx = np.array([idx[p] for p in uni["prompt_id"]])
+    assert len(set(rows["prompt_id"])) == 64
+    scored = np.nan_to_num(eps, nan=np.nanmean(eps))
+    assert scored[k_idx].mean() > scored[u_idx].mean() + 0.05
+    # kmeans concentrates on high-gap clusters but its batch still spans several of them
+    assert cluster_entropy(truth[k_idx]) > 1.0
+    assert set(rows.columns) == {"prompt_id", "cluster", "weight", "reason"}
+    assert rows["weight"].min() > 0 and cents["weight"].sum() == pytest.approx(1.0)
+    assert rows["reason"].str.starts_with("kmeans: cluster").all()
+
+
+def test_warm_start_keeps_centroids_stable():
+    ids, x, eps, _ = _pool(seed=2)
+    _, c1 = select_kmeans(ids, x, eps, batch=32, k_max=8, seed=3)
+    init = np.asarray(c1["vector"].to_list(), np.float32)
+    _, c2 = select_kmeans(ids, x, eps, batch=32, k_max=8, init=init, seed=99)
+    assert np.allclose(np.asarray(c2["vector"].to_list()), init, atol=1e-3)  # converged: warm start is a fixed point
+
+
+def test_dapo_filter_drops_zero_variance_groups_and_refills():
+    ids = [f"p{i}" for i in range(6)]
+    std = np.array([0.0, 0.5, 0.0, 0.4, np.nan, np.nan])
+    got = select_dapo_filter(ids, std, batch=3, seed=0)
+    assert set(got["prompt_id"][:2]) == {"p1", "p3"} and got["prompt_id"][2] in {"p4", "p5"}
+    assert "p0" not in got["prompt_id"].to_list() and "p2" not in got["prompt_id"].to_list()
+
+
+def test_embeddings_are_cached_in_the_store(store):
+    from tasks.embed import cached_embeddings
+
+    prompts = pl.DataFrame({"prompt_id": ["a", "b"], "text": ["What is 2 + 2?", "Compute 7 * 8."]})
+    x1, fresh1 = cached_embeddings(store, prompts, "hashing")
+    more = pl.DataFrame({"prompt_id": ["b", "c", "a"], "text": ["Compute 7 * 8.", "Sum 1 and 9.", "What is 2 + 2?"]})
+    x2, fresh2 = cached_embeddings(store, more, "hashing")
+    assert (fresh1, fresh2) == (2, 1)
+    assert np.allclose(x2[0], x1[1]) and np.allclose(x2[2], x1[0])
+    assert np.allclose(np.linalg.norm(x2, axis=1), 1.0)
+
+
+def test_minilm_embeds_offline_and_separates_topics():
+    from tasks.embed import embed_minilm
+
+    v = embed_minilm(["What is 7 times 8?", "Compute the product of 6 and 9.", "Write a poem about the sea."])
+    assert v.shape == (3, 384) and np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    assert v[0] @ v[1] > v[0] @ v[2]
