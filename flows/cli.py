@@ -24,6 +24,12 @@ def _prepare_prefect(store_uri: str, verbose: bool) -> None:
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    if not verbose:
+        # The ephemeral Prefect server cancels its SQLite connections at interpreter exit, and SQLAlchemy logs
+        # that as an ERROR with a traceback after a successful run; it is shutdown noise, not a failure.
+        import logging
+
+        logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
 
 
 def _params(pairs: list[str]) -> dict[str, str]:
