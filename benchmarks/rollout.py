@@ -19,22 +19,26 @@ With --run-rss, also runs a default `refinery run` under /usr/bin/time -v and re
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import re
-import statistics
-import subprocess
+import os
 import sys
-import tempfile
-import time
 
-import torch
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)  # run as a script, this folder's select.py would shadow the standard library's `select`
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import re  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
 
-from flows.config import RunConfig
-from models.backend import Sampling
-from models.hf import TransformersBackend, native_bf16
-from models.registry import resolve
-from tasks.ingest import load_source
+import torch  # noqa: E402
+
+from flows.config import RunConfig  # noqa: E402
+from models.backend import Sampling  # noqa: E402
+from models.hf import TransformersBackend, native_bf16  # noqa: E402
+from models.registry import resolve  # noqa: E402
+from tasks.ingest import load_source  # noqa: E402
 
 
 def default_prompts(k: int, instruction: str) -> list[str]:

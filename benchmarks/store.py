@@ -17,20 +17,25 @@ Data: N synthetic rollouts (default 1,000,000) with ~200-character completions, 
 
 from __future__ import annotations
 
-import argparse
-import shutil
-import statistics
-import tempfile
-import time
-from pathlib import Path
+import os
+import sys
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)  # run as a script, this folder's select.py would shadow the standard library's `select`
+import argparse  # noqa: E402
+import shutil  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
-from storage import query
-from storage.store import Store
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+import pyarrow.parquet as pq  # noqa: E402
+
+from storage import query  # noqa: E402
+from storage.store import Store  # noqa: E402
 
 WORDS = ["first", "we", "compute", "the", "product", "of", "the", "two", "numbers", "then", "add", "carry", "so", "the", "result", "is", "step", "multiply", "digit", "answer", "therefore", "final", "check", "again", "because", "sum", "equals", "minus", "plus", "times", "divided", "remainder", "which", "gives", "let", "us", "think", "about", "this", "problem", "carefully", "and", "verify", "each", "partial", "value", "before", "writing", "boxed"]
 
