@@ -85,6 +85,20 @@ class SelectConfig(Section):
     seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r")
 
 
+class RefineConfig(Section):
+    """Refinement of too-hard, flat and saturated prompts into children (ALGORITHMS.md §3)."""
+
+    strategies: list[Literal["ladder", "teacher_scaffold", "hint_prefix", "harden"]] = Field(
+        default_factory=lambda: ["ladder", "teacher_scaffold", "hint_prefix", "harden"],
+        description="enabled strategies; an empty list turns refinement off")
+    max_children: int = Field(24, ge=0, le=100_000, description="refinements per round, all strategies")
+    max_per_strategy: int = Field(8, ge=0, le=100_000, description="refinements per round and strategy")
+    promote_threshold: float = Field(0.5, ge=0.0, le=1.0, description="ladder promotion when mean reward > this")
+    hint_fraction: float = Field(0.3, gt=0.0, lt=1.0, description="f: share of the solution revealed")
+    teacher: str = Field("policy", description="'policy', 'openai:<base url>#<model>', or a model spec")
+    teacher_max_new_tokens: int = Field(128, ge=8, le=4096)
+
+
 class RewardConfig(Section):
     verifier: Literal["auto", "rg", "math", "exact"] = Field("auto", description="auto: rg for rg: sources, else math")
     strict: bool = Field(False, description="only \\boxed{} or <answer> tags count as an answer")
@@ -108,6 +122,7 @@ class RunConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     select: SelectConfig = Field(default_factory=SelectConfig)
+    refine: RefineConfig = Field(default_factory=RefineConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     utility: UtilityConfig = Field(default_factory=UtilityConfig)
 

@@ -1,4 +1,4 @@
-"""The curriculum flow: R rounds of pool -> select -> collect -> score over one experience store.
+"""The curriculum flow: R rounds of pool -> select -> collect -> score -> refine over one experience store.
 
 Choices, and why:
 - Every stage is a Prefect task that commits one store partition and returns a small summary; large data
@@ -20,6 +20,7 @@ from prefect import flow
 from flows.config import RunConfig
 from storage.store import Store, default_root
 from tasks.pool import pool_task
+from tasks.refine import refine_task
 from tasks.rollout import collect_task
 from tasks.runs import mark, stored_config
 from tasks.select import select_task
@@ -65,6 +66,8 @@ def curriculum(config: RunConfig) -> dict:
                                        config.reward, selecting))
             u = config.utility
             stages.append(score_task(store.uri, config.run_id, r, u.beta, u.tau, u.eps))
+            if config.refine.strategies and r + 1 < config.rounds:  # children of the last round would never run
+                stages.append(refine_task(store.uri, config.run_id, r, config.refine, config.model))
     except BaseException:
         mark(store, config.run_id, "failed", config.model_dump(mode="json"))
         raise

@@ -154,3 +154,19 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
         else:
             raise ModelSpecError(f"unknown backend {backend!r}: use transformers or vllm")
     return _LOADED[key]
+
+
+def load_teacher(spec: str, model_cfg):
+    """A teacher backend: 'policy' (the run's policy model), 'openai:<base url>#<model>' (an
+    OpenAI-compatible endpoint), or any model spec `resolve` accepts."""
+    if spec == "policy":
+        return load_backend(model_cfg.policy, model_cfg.backend, model_cfg.device, model_cfg.dtype,
+                            model_cfg.batch_size)
+    if spec.startswith("openai:"):
+        from models.openai_http import OpenAIBackend
+
+        url, _, model = spec[len("openai:"):].partition("#")
+        if not model:
+            raise ModelSpecError(f"teacher {spec!r}: expected openai:<base url>#<model name>")
+        return OpenAIBackend(url, model)
+    return load_backend(spec, "transformers", model_cfg.device, model_cfg.dtype, model_cfg.batch_size)

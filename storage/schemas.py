@@ -76,7 +76,7 @@ TABLES: dict[str, pa.Schema] = {
         _f("run_id", pa.string()),
         _f("round", pa.int32()),
         _f("parent_id", pa.string()),
-        _f("child_id", pa.string()),
+        _f("child_id", pa.string(), True),  # null when the strategy could not make a child at all
         _f("strategy", pa.string()),
         _f("accepted", pa.bool_()),
         _f("reason", pa.string(), True),
@@ -136,6 +136,14 @@ TABLES: dict[str, pa.Schema] = {
         _f("parent_version", pa.int32(), True),
         _f("round", pa.int32()),
         _f("path", pa.string()),
+        _f("created_at", TS),
+    ]),
+    # Teacher answers by payload hash, landed as each call returns, so a rerun (or a crash mid-refine)
+    # never pays for the same call twice.
+    "teacher_calls": pa.schema([
+        _f("key", pa.string()),
+        _f("teacher", pa.string()),
+        _f("response", pa.string()),
         _f("created_at", TS),
     ]),
     # Selection's cache and state (ALGORITHMS.md §4): one vector per (prompt, embedder), and each round's

@@ -43,7 +43,7 @@ def build_pool(store: Store, run_id: str, round: int, sources: list[Any], seed: 
             return scan(store, table).filter((pl.col("run_id") == run_id) & (pl.col("round") == round - 1)).collect()
 
         prompts = scan(store, "prompts").select("prompt_id", "transform").unique("prompt_id").collect()
-        pool = next_pool(prev("pool"), prev("prompt_scores"), prompts, round)
+        pool = next_pool(prev("pool"), prev("prompt_scores"), prompts, round, prev("refinements"))
     store.commit("pool", {"pool": pool.to_arrow()}, run_id=run_id, round=round)
     return {"stage": "pool", "round": round, "status": dict(pool.group_by("status").len().iter_rows())}
 

@@ -73,7 +73,10 @@ def extract_answer(text: str, strict: bool = False) -> str | None:
         nums = _NUMBER.findall(said[-1])
         return nums[-1] if nums else said[-1].strip()
     nums = _NUMBER.findall(text.replace("\u2212", "-"))
-    return nums[-1] if nums else None
+    if nums:
+        return nums[-1]
+    letter = re.fullmatch(r"\(?([A-J])\)?\.?", text.strip())  # a bare option letter, for multiple choice
+    return letter.group(1) if letter else None
 
 
 def _normalise(s: str) -> str:
@@ -150,6 +153,10 @@ def verify(
 ) -> Verdict:
     """Score one completion. `auto` uses reasoning-gym for rg: sources, math-verify otherwise."""
     pred = extract_answer(completion, strict=strict)
+    if meta and '"options"' in meta:  # a multiple-choice variant: a bare letter stands for its option's value
+        from tasks.ladder import option_value
+
+        pred = option_value(pred, json.loads(meta).get("options") or [])
     kind = verifier if verifier != "auto" else ("rg" if source.startswith("rg:") else "math")
     if kind == "rg":
         if not source.startswith("rg:"):

@@ -188,7 +188,8 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
         rows, cents = select_kmeans(ids, x, eps, cfg.batch_size, cfg.k_max, cfg.temperature, cfg.bonus, init, seed)
         tables["centroids"] = cents.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(round, pl.Int32).alias("round"),
                                                  pl.lit(cfg.embedder).alias("embedder")).to_arrow()
-        extra = {"clusters": int(cents.height), "embedded": fresh, "warm_start": init is not None,
+        warm = init is not None and init.shape == (cents.height, x.shape[1])
+        extra = {"clusters": int(cents.height), "embedded": fresh, "warm_start": warm,
                  "cluster_entropy": round_(cluster_entropy(rows["cluster"].to_numpy()))}
     elif cfg.selector == "uniform":
         rows, extra = select_uniform(ids, cfg.batch_size, seed), {}

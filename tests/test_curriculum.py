@@ -14,6 +14,7 @@ from storage.store import Store
 
 TINY = ["model.policy=tiny-random", "model.dtype=fp32", "rollout.max_new_tokens=4", "rollout.group_size=4",
         "rollout.include_reserve=true", "select.embedder=hashing", "select.batch_size=6",
+        "refine.teacher_max_new_tokens=16",
         'pool.sources=[{"source": "rg:products", "size": 5, "params": {"max_digits": 1}}, '
         '{"source": "rg:chain_sum", "size": 3, "params": {"max_terms": 2, "max_digits": 1}}]']
 
@@ -31,7 +32,8 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     from flows.curriculum import curriculum
 
     out = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
-    assert [s["stage"] for s in out["stages"]] == ["pool", "select", "collect", "score"] * 2
+    assert [s["stage"] for s in out["stages"]] == ["pool", "select", "collect", "score", "refine",
+                                                   "pool", "select", "collect", "score"]
     per_prompt = sql(store, """SELECT r.round, r.prompt_id, count(*) AS n, any_value(s.bucket) AS bucket,
                                       any_value(s.eps) AS eps
                                FROM rollouts r JOIN prompt_scores s USING (run_id, round, prompt_id)
@@ -44,7 +46,10 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     # rerunning a finished run lands nothing new
     again = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
     assert all("skipped" in s for s in again["stages"])
-    assert _counts(store, "e2e") == {"rollouts": 48, "distinct_rollouts": 48, "scores": 12, "pool": 16}
+    counts = _counts(store, "e2e")
+    assert counts["rollouts"] == counts["distinct_rollouts"] == 48 and counts["scores"] == 12
+    children = sql(store, "SELECT count(*) AS n FROM refinements WHERE run_id = 'e2e' AND accepted").to_pylist()[0]["n"]
+    assert children > 0 and counts["pool"] == 8 + 8 + children  # round 1's pool holds the accepted children
     with pytest.raises(ValueError, match="differs in: rollout"):
         curriculum(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="e2e", store=store.root))
 
@@ -83,7 +88,7 @@ def test_sigkill_mid_collection_then_resume(prefect_api, store, tmp_path):
     assert _run(store, "crash").wait(timeout=300) == 0
     assert _run(store, "clean").wait(timeout=300) == 0
     crashed, clean = _counts(store, "crash"), _counts(store, "clean")
-    assert crashed == clean == {"rollouts": 48, "distinct_rollouts": 48, "scores": 12, "pool": 16}
+    assert crashed == clean and clean["rollouts"] == clean["distinct_rollouts"] == 48 and clean["scores"] == 12
     same = sql(store, """SELECT count(*) AS n FROM rollouts a JOIN rollouts b
                          ON a.round = b.round AND a.prompt_id = b.prompt_id AND a.sample_idx = b.sample_idx
                          WHERE a.run_id = 'crash' AND b.run_id = 'clean' AND a.completion = b.completion""")

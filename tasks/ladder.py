@@ -1,0 +1,93 @@
+"""The format ladder (Cog-DRIFT, arXiv 2604.04767; ALGORITHMS.md §3): mcq4 < mcq10 < cloze < open.
+
+A too-hard open prompt enters at mcq4. When a variant's mean reward exceeds the promotion threshold in a
+round, its lineage moves one step harder: the next variant becomes active and the easier one is retired;
+promotion from cloze re-opens the original question. Numeric distractors are made programmatically (near
+misses, digit swaps, results of a wrong operation); none may verify as correct. The correct letter cycles
+over positions across the pool (by a hash of the prompt id), so no position is favoured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+
+from tasks.rewards import exact_match
+
+LEVELS = ("mcq4", "mcq10", "cloze", "open")
+LETTERS = "ABCDEFGHIJ"
+
+
+def next_level(level: str) -> str | None:
+    i = LEVELS.index(level)
+    return LEVELS[i + 1] if i + 1 < len(LEVELS) else None
+
+
+def _seed(*parts: str) -> int:
+    return int(hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:8], 16)
+
+
+def numeric_distractors(answer: str, question: str, k: int, seed: int) -> list[str]:
+    """k distinct wrong numeric answers that look plausible, or [] if the answer is not an integer."""
+    try:
+        a = int(answer.strip())
+    except ValueError:
+        return []
+    rng = random.Random(seed)
+    nums = [int(x) for x in re.findall(r"-?\d+", question)][:6]
+    cands: list[int] = [a + d for d in (1, -1, 2, -2, 10, -10)]  # near misses
+    s = str(abs(a))
+    if len(s) > 1:  # digit swaps
+        cands += [int(("-" if a < 0 else "") + s[::-1])] + [
+            int(("-" if a < 0 else "") + s[:i] + s[i + 1] + s[i] + s[i + 2 :]) for i in range(len(s) - 1)]
+    for i, x in enumerate(nums):  # a wrong operation on the question's numbers
+        for y in nums[i + 1 :]:
+            cands += [x + y, x - y, y - x, x * y]
+    cands += [a + rng.randint(-20, 20) for _ in range(40)] + [-a, a * 2]
+    out: list[str] = []
+    for c in cands:
+        sc = str(c)
+        if c != a and sc not in out and not exact_match(sc, answer):
+            out.append(sc)
+    rng.shuffle(out)
+    near = [o for o in out if abs(int(o) - a) <= max(10, abs(a))]
+    far = [o for o in out if o not in near]
+    return (near + far)[:k]
+
+
+def make_mcq(prompt_id: str, question: str, answer: str, n_options: int) -> tuple[str, list[str], int] | None:
+    """(child text, options, index of the correct one), or None when no distractors can be made."""
+    wrong = numeric_distractors(answer, question, n_options - 1, _seed(prompt_id, str(n_options)))
+    if len(wrong) < n_options - 1:
+        return None
+    correct = _seed(prompt_id, "letter") % n_options  # balanced over positions across the pool
+    options = wrong[:correct] + [answer.strip()] + wrong[correct:]
+    listing = "\n".join(f"({LETTERS[i]}) {o}" for i, o in enumerate(options))
+    text = (f"{question}\nOptions:\n{listing}\n"
+            "Choose the correct option and give its value as your final answer.")
+    return text, options, correct
+
+
+def make_cloze(prompt_id: str, question: str, answer: str) -> str | None:
+    """The question with a partly masked answer pattern: 50-80% of the answer's digits become '_', at least
+    one digit stays."""
+    a = answer.strip()
+    digits = [i for i, ch in enumerate(a) if ch.isdigit()]
+    if len(digits) < 2:
+        return None
+    rng = random.Random(_seed(prompt_id, "cloze"))
+    n_mask = min(len(digits) - 1, max(1, round(len(digits) * rng.uniform(0.5, 0.8))))
+    masked = set(rng.sample(digits, n_mask))
+    pattern = "".join("_" if i in masked else ch for i, ch in enumerate(a))
+    return f"{question}\nThe answer should look like: {pattern}"
+
+
+def option_value(pred: str | None, options: list[str]) -> str | None:
+    """Map a bare option letter ('B', '(B)') to its value; anything else passes through."""
+    if pred is None:
+        return None
+    m = re.fullmatch(r"\(?([A-J])\)?\.?", pred.strip())
+    if m and LETTERS.index(m.group(1)) < len(options):
+        return options[LETTERS.index(m.group(1))]
+    return pred

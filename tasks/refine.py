@@ -1,0 +1,225 @@
+"""Refine stage: turn prompts the policy cannot use into children that it can (ALGORITHMS.md §3).
+
+Routing, per the round's scores:
+- too_hard / flat originals -> the format ladder (enter at mcq4), teacher_scaffold, hint_prefix;
+- saturated originals from reasoning-gym -> harden (one difficulty step up; others just go to reserve);
+- ladder variants whose mean reward exceeds the promotion threshold -> the next, harder rung
+  (mcq4 -> mcq10 -> cloze -> open); the easier variant is retired;
+- informative prompts are left unchanged.
+Every child passes the validity gate (tasks/gate.py); rejected children are recorded with their reason in
+`refinements` and never enter `prompts`. Teacher calls are keyed on a hash of their payload; each answer
+lands in `teacher_calls` as soon as it returns (and is referenced from `refinements.teacher_call`), so a
+rerun, even after a crash mid-refine, reuses it instead of calling the teacher again.
+Caps: at most `max_per_strategy` children per strategy and `max_children` in all, per round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+from prefect import task
+
+from models.backend import Sampling
+from storage.ids import prompt_id as content_id
+from storage.query import scan
+from storage.store import Store
+from tasks.gate import check_child
+from tasks.ladder import LEVELS, make_cloze, make_mcq, next_level
+
+TEACHER_TEMPLATE = """You are helping a student who keeps failing this problem.
+
+Problem:
+{question}
+
+The student's attempts and their rewards (1 = correct):
+{attempts}
+
+Reference answer (never reveal it): {answer}
+
+Rewrite the problem so that it keeps the same task and the same answer, but helps the student: add a
+missing constraint, split it into sub-goals, or point at the mistake in the attempts. Do not state or hint
+at the answer itself. Reply with the rewritten problem only."""
+
+
+def _child(parent: dict, text: str, transform: str, run_id: str, round: int, meta_extra: dict | None = None,
+           answer: str | None = None, params: str | None = None) -> dict:
+    answer = parent["answer"] if answer is None else answer
+    meta = json.loads(parent["meta"]) if parent.get("meta") else {}
+    meta.update(meta_extra or {})
+    return {"prompt_id": content_id(text, answer, parent["source"]), "text": text, "answer": answer,
+            "solution": None if answer != parent["answer"] else parent.get("solution"),
+            "source": parent["source"], "params": params or parent.get("params"), "parent_id": parent["prompt_id"],
+            "root_id": parent["root_id"], "transform": transform, "run_id": run_id, "round": round,
+            "meta": json.dumps(meta, sort_keys=True)}
+
+
+def ladder_child(parent: dict, root: dict, level: str, run_id: str, round: int) -> tuple[dict | None, str | None]:
+    """The `level` rung of `root`'s question, made a child of `parent`. (child, rejection reason)."""
+    q, a = root["text"], root["answer"]
+    if level.startswith("mcq"):
+        made = make_mcq(root["prompt_id"], q, a, 4 if level == "mcq4" else 10)
+        if made is None:
+            return None, f"{level}: no numeric distractors for answer {a!r}"
+        text, options, correct = made
+        reason = check_child(text, q, a, kind="mcq", options=options, correct=correct)
+        return _child(parent, text, level, run_id, round, {"level": level, "options": options}), reason
+    if level == "cloze":
+        text = make_cloze(root["prompt_id"], q, a)
+        if text is None:
+            return None, "cloze: the answer has too few digits to mask"
+        return _child(parent, text, "cloze", run_id, round, {"level": "cloze"}), None
+    raise ValueError(f"not a ladder rung: {level}")
+
+
+def hint_child(parent: dict, fraction: float, run_id: str, round: int) -> tuple[dict | None, str | None]:
+    """hint_prefix: reveal the first `fraction` of the reference solution's words as a started answer."""
+    sol = parent.get("solution")
+    if not sol:
+        return None, "hint_prefix: no reference solution"
+    words = sol.split()
+    k = max(1, int(len(words) * fraction))
+    text = f"{parent['text']}\nA solution starts like this: {' '.join(words[:k])} ..."
+    return _child(parent, text, "hint_prefix", run_id, round, {"hint_fraction": fraction}), check_child(
+        text, parent["text"], parent["answer"])
+
+
+def harden_child(parent: dict, run_id: str, round: int) -> tuple[dict | None, str | None]:
+    """A sibling problem one reasoning-gym difficulty step up (a new problem, so a new answer)."""
+    if not parent["source"].startswith("rg:"):
+        return None, "harden: source cannot make harder variants"
+    from tasks.sources import rg_config_fields, rg_rows
+
+    task_name = parent["source"][3:]
+    params = json.loads(parent["params"] or "{}")
+    fields = rg_config_fields(task_name)
+    key = next((k for k in ("max_digits", "max_terms") if k in fields), None)
+    if key is None:
+        return None, f"harden: rg:{task_name} has no max_digits/max_terms to step up"
+    gen = {k: v for k, v in params.items() if k in fields}
+    gen[key] = int(gen.get(key, fields[key])) + 1
+    seed = int(hashlib.sha256(parent["prompt_id"].encode()).hexdigest()[:7], 16)
+    row = rg_rows(task_name, 1, seed, gen)[0]
+    return _child(parent, row.text, "harden", run_id, round, json.loads(row.meta), answer=row.answer,
+                  params=row.params), None
+
+
+def teacher_child(store: Store, parent: dict, rollouts: list[dict], teacher: Any, cache: dict, run_id: str,
+                  round: int, max_new_tokens: int) -> tuple[dict | None, str | None, dict]:
+    """teacher_scaffold. Returns (child, rejection reason, teacher_call record)."""
+    attempts = "\n".join(f"- reward {r['reward']:.2f}: {r['completion'][:300]!r}" for r in rollouts[:4])
+    payload = TEACHER_TEMPLATE.format(question=parent["text"], attempts=attempts, answer=parent["answer"])
+    key = hashlib.sha256(f"{getattr(teacher, 'name', 'teacher')}\x1f{payload}".encode()).hexdigest()[:24]
+    if key in cache:
+        response, reused = cache[key], True
+    else:
+        prompt = teacher.render([{"role": "user", "content": payload}])
+        seed = int(key[:7], 16)
+        response = teacher.generate([prompt], 1, Sampling(0.7, 1.0, max_new_tokens, seed))[0][0].text.strip()
+        cache[key], reused = response, False
+        store.commit(f"teacher-{key}", {"teacher_calls": pa.table({
+            "key": [key], "teacher": [getattr(teacher, "name", "teacher")], "response": [response],
+            "created_at": [datetime.now(UTC)]})})
+    call = {"key": key, "teacher": getattr(teacher, "name", "teacher"), "response": response, "reused": reused}
+    if not response:
+        return None, "teacher returned nothing", call
+    child = _child(parent, response, "teacher_scaffold", run_id, round)
+    return child, check_child(response, parent["text"], parent["answer"]), call
+
+
+def teacher_cache(store: Store) -> dict:
+    """Every stored teacher answer, by payload hash."""
+    calls = scan(store, "teacher_calls").select("key", "response").unique("key").collect()
+    return dict(calls.iter_rows())
+
+
+def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None) -> dict:
+    """The refine stage of (run_id, round): reads the round's scores, lands children and refinements."""
+    if store.landed(run_id, round, "refine"):
+        return {"stage": "refine", "round": round, "skipped": "already landed"}
+    this = (pl.col("run_id") == run_id) & (pl.col("round") == round)
+    scores = scan(store, "prompt_scores").filter(this).select("prompt_id", "bucket", "mean_reward").collect()
+    prompts = scan(store, "prompts").unique("prompt_id").collect()
+    by_id = {r["prompt_id"]: r for r in prompts.iter_rows(named=True)}
+    scored = scores.join(prompts.select("prompt_id", "transform"), on="prompt_id").sort("prompt_id")
+    rollouts = scan(store, "rollouts").filter(this).select("prompt_id", "reward", "completion").collect()
+    groups = {k[0]: g.to_dicts() for k, g in rollouts.group_by("prompt_id")}
+    in_pool = set(scan(store, "pool").filter(this).select("prompt_id").collect()["prompt_id"])
+    cache = teacher_cache(store) if "teacher_scaffold" in cfg.strategies else {}
+    children: list[dict] = []
+    rows: list[dict] = []
+    used = {s: 0 for s in [*cfg.strategies, "promote"]}
+
+    def record(parent_id: str, strategy: str, child: dict | None, reason: str | None, call: dict | None = None):
+        accepted = child is not None and reason is None
+        if accepted and any(c["prompt_id"] == child["prompt_id"] for c in children):
+            return
+        if accepted and child["prompt_id"] in in_pool and strategy != "promote":
+            accepted, reason = False, "already in this run's pool"
+        rows.append({"parent_id": parent_id, "child_id": child["prompt_id"] if child else None, "strategy": strategy,
+                     "accepted": accepted, "reason": reason, "teacher_call": json.dumps(call) if call else None})
+        if accepted and child["prompt_id"] not in by_id:  # a child another run already made is reused as is
+            children.append(child)
+        used[strategy] += 1
+
+    def room(strategy: str) -> bool:
+        return used.get(strategy, 0) < cfg.max_per_strategy and sum(used.values()) < cfg.max_children
+
+    for s in scored.iter_rows(named=True):
+        parent = by_id[s["prompt_id"]]
+        root = by_id.get(parent["root_id"], parent)
+        level = parent["transform"] if parent["transform"] in LEVELS else None
+        if level and s["mean_reward"] > cfg.promote_threshold and "ladder" in cfg.strategies and room("promote"):
+            up = next_level(level)
+            if up == "cloze" and make_cloze(root["prompt_id"], root["text"], root["answer"]) is None:
+                up = "open"  # a one-digit answer cannot be a cloze pattern
+            if up == "open":
+                record(parent["prompt_id"], "promote", root, None)
+            else:
+                child, reason = ladder_child(parent, root, up, run_id, round)
+                record(parent["prompt_id"], "promote", child, reason)
+            continue
+        if parent["transform"] != "original":
+            continue
+        if s["bucket"] in ("too_hard", "flat"):
+            if "ladder" in cfg.strategies and room("ladder"):
+                child, reason = ladder_child(parent, parent, "mcq4", run_id, round)
+                record(parent["prompt_id"], "ladder", child, reason)
+            if "hint_prefix" in cfg.strategies and room("hint_prefix") and parent.get("solution"):
+                child, reason = hint_child(parent, cfg.hint_fraction, run_id, round)
+                record(parent["prompt_id"], "hint_prefix", child, reason)
+            if "teacher_scaffold" in cfg.strategies and teacher is not None and room("teacher_scaffold"):
+                child, reason, call = teacher_child(store, parent, groups.get(parent["prompt_id"], []), teacher, cache,
+                                                    run_id, round, cfg.teacher_max_new_tokens)
+                record(parent["prompt_id"], "teacher_scaffold", child, reason, call)
+        elif s["bucket"] == "saturated" and "harden" in cfg.strategies and room("harden"):
+            child, reason = harden_child(parent, run_id, round)
+            record(parent["prompt_id"], "harden", child, reason)
+
+    now = datetime.now(UTC)
+    tables = {"refinements": pa.Table.from_pylist(
+        [{"run_id": run_id, "round": round, **r} for r in rows],
+        schema=pa.schema([("run_id", pa.string()), ("round", pa.int32()), ("parent_id", pa.string()),
+                          ("child_id", pa.string()), ("strategy", pa.string()), ("accepted", pa.bool_()),
+                          ("reason", pa.string()), ("teacher_call", pa.string())]))}
+    if children:
+        tables["prompts"] = pa.Table.from_pylist([{**c, "created_at": now} for c in children])
+    store.commit("refine", tables, run_id=run_id, round=round)
+    summary = pl.DataFrame(rows, schema={"strategy": pl.String, "accepted": pl.Boolean}) if rows else None
+    counts = ({f"{k}{'' if a else ' (rejected)'}": v for k, a, v in
+               summary.group_by("strategy", "accepted").len().iter_rows()} if summary is not None else {})
+    return {"stage": "refine", "round": round, "children": len(children), "refinements": len(rows),
+            "teacher_calls": sum(1 for r in rows if r["teacher_call"] and not json.loads(r["teacher_call"])["reused"]),
+            "by_strategy": counts}
+
+
+@task(name="refine")
+def refine_task(store_uri: str, run_id: str, round: int, cfg: Any, model_cfg: Any) -> dict:
+    from models.registry import load_teacher
+
+    teacher = load_teacher(cfg.teacher, model_cfg) if "teacher_scaffold" in cfg.strategies else None
+    return refine(Store(store_uri), run_id, round, cfg, teacher)

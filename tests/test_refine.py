@@ -1,0 +1,106 @@
+import json
+
+import polars as pl
+import pytest
+
+from tasks.gate import check_child, number_words
+from tasks.ladder import LEVELS, make_cloze, make_mcq, next_level, numeric_distractors
+from tasks.rewards import exact_match, math_equiv, verify
+from tasks.utility import next_pool
+
+PARENT = "Solve the following multiplication: 7 * 8. Give only the result as your final answer."
+
+
+@pytest.mark.parametrize("child", [
+    PARENT + " Hint: the result is 56.",
+    PARENT + " Hint: it is fifty-six.",
+    PARENT + " Hint: it is Fifty Six.",
+    PARENT + r" Hint: the final line is \boxed{56}.",
+    PARENT + r" Hint: $56$ is what you want.",
+    PARENT + " Pick one: (A) 48 (B) 56 (C) 64.",
+    PARENT + ' Consider the option "56" carefully.',
+    PARENT + " Sub-goals: 7*8 = 56, then write it.",
+])
+def test_gate_rejects_answer_leaks_in_any_form(child):
+    assert check_child(child, PARENT, "56") is not None
+
+
+@pytest.mark.parametrize("child,parent,answer", [
+    (r"What is 1/2 + 0? Note that \frac{1}{2} stays.", "What is 1/2 + 0?", "1/2"),
+    ("Calculate -3 + 0. Hint: negative three.", "Calculate -3 + 0.", "-3"),
+    ("Calculate -3 + 0. Hint: minus three.", "Calculate -3 + 0.", "-3"),
+])
+def test_gate_rejects_fraction_and_negative_leaks(child, parent, answer):
+    assert check_child(child, parent, answer) is not None
+
+
+def test_gate_accepts_honest_scaffolds_and_checks_bounds():
+    assert check_child(PARENT + " Think of seven groups of eight.", PARENT, "56") is None
+    assert check_child(PARENT + " Is it 156 or 5.6? Neither.", PARENT, "56") is None  # not the answer
+    assert check_child("Solve 0 * 4.", "Solve 0 * 4.", "0") is None  # the parent already shows 0
+    assert "too short" in check_child("56?", PARENT, "56", min_chars=8)
+    assert "too long" in check_child("x" * 5000, PARENT, "56", max_chars=4000)
+
+
+def test_gate_checks_multiple_choice_options():
+    opts = ["48", "56", "64", "72"]
+    assert check_child("Q\nOptions:\n...", "Q", "56", kind="mcq", options=opts, correct=1) is None
+    assert "does not verify" in check_child("Q\nOptions:", "Q", "56", kind="mcq", options=opts, correct=0)
+    assert "distractor '56.0' verifies" in check_child("Q\nOptions:", "Q", "56", kind="mcq",
+                                                       options=["56.0", "56", "1", "2"], correct=1)
+    assert "stem" in check_child("Q: it is 56\nOptions:", "Q", "56", kind="mcq", options=opts, correct=1)
+
+
+def test_number_words():
+    assert [number_words(n) for n in (0, 13, 40, 99, 100, 305, 12_345)] == [
+        "zero", "thirteen", "forty", "ninety-nine", "one hundred", "three hundred five",
+        "twelve thousand three hundred forty-five"]
+
+
+@pytest.mark.parametrize("answer,question", [("56", "7 * 8"), ("-2", "3 - 5"), ("0", "0 * 9"), ("1234", "617 * 2")])
+def test_distractors_never_verify_and_are_distinct(answer, question):
+    for k in (3, 9):
+        d = numeric_distractors(answer, question, k, seed=1)
+        assert len(d) == k == len(set(d))
+        assert not any(exact_match(x, answer) or math_equiv(x, answer) for x in d)
+
+
+def test_correct_letter_is_balanced_and_mcq_rewards_the_value():
+    positions = [make_mcq(f"p{i}", "Solve 7 * 8.", "56", 4)[2] for i in range(400)]
+    counts = [positions.count(i) for i in range(4)]
+    assert min(counts) > 70, counts
+    text, options, correct = make_mcq("p1", "Solve 7 * 8.", "56", 10)
+    assert len(options) == 10 and options[correct] == "56" and "(J)" in text
+    meta = json.dumps({"options": options})
+    letter = "ABCDEFGHIJ"[correct]
+    assert verify(f"The answer is ({letter}).", "56", "file", meta=meta, verifier="exact").correct
+    assert verify(r"\boxed{56}", "56", "file", meta=meta, verifier="exact").correct
+    wrong = "ABCDEFGHIJ"[(correct + 1) % 10]
+    assert not verify(wrong, "56", "file", meta=meta, verifier="exact").correct
+
+
+def test_cloze_masks_half_to_most_digits_and_keeps_one():
+    for pid in ("a", "b", "c", "d"):
+        text = make_cloze(pid, "Q", "123456")
+        pattern = text.rsplit(": ", 1)[1]
+        masked = pattern.count("_")
+        assert 3 <= masked <= 5 and len(pattern) == 6
+        assert all(p == a for p, a in zip(pattern, "123456") if p != "_")
+    assert make_cloze("a", "Q", "7") is None  # one digit cannot be half masked and half shown
+
+
+def test_ladder_order_and_promotion_in_the_pool():
+    assert LEVELS == ("mcq4", "mcq10", "cloze", "open") and next_level("mcq4") == "mcq10"
+    assert next_level("open") is None
+    pool = pl.DataFrame({"run_id": ["r"] * 3, "round": [1] * 3, "prompt_id": ["orig", "m4", "x"],
+                         "status": ["reserve", "active", "active"], "level": [None] * 3},
+                        schema_overrides={"level": pl.String})
+    scores = pl.DataFrame({"prompt_id": ["m4", "x"], "bucket": ["informative", "informative"]})
+    prompts = pl.DataFrame({"prompt_id": ["orig", "m4", "m10", "x"],
+                            "transform": ["original", "mcq4", "mcq10", "original"]})
+    refinements = pl.DataFrame({"parent_id": ["m4"], "child_id": ["m10"], "strategy": ["promote"],
+                                "accepted": [True]})
+    nxt = next_pool(pool, scores, prompts, 2, refinements)
+    got = {r["prompt_id"]: (r["status"], r["level"]) for r in nxt.iter_rows(named=True)}
+    assert got == {"orig": ("reserve", None), "m4": ("retired", "mcq4"), "m10": ("active", "mcq10"),
+                   "x": ("active", None)}

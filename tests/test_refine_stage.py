@@ -1,0 +1,117 @@
+"""The refine stage over a real store: teacher calls are cached, the ladder promotes, the gate's verdicts
+are stored with their reasons."""
+
+import datetime as dt
+import json
+
+import pyarrow as pa
+import pytest
+
+from flows.config import RefineConfig
+from storage.ids import prompt_id
+from storage.query import sql
+from tasks.ladder import make_mcq
+from tasks.refine import refine
+
+
+class CountingTeacher:
+    """A real backend (the tiny model) that counts how often it is asked to generate."""
+
+    def __init__(self, backend):
+        self.backend, self.calls, self.name = backend, 0, "counting-tiny"
+
+    def render(self, messages):
+        return self.backend.render(messages)
+
+    def generate(self, prompts, n, sampling, progress=None):
+        self.calls += len(prompts)
+        return self.backend.generate(prompts, n, sampling)
+
+
+def _seed_round(store, run_id, prompts, rewards):
+    """Land prompts, and rollouts + scores for round 0 of `run_id` (rewards: prompt index -> list)."""
+    from tasks.utility import eps_scores
+
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    rows = [dict(p, created_at=now) for p in prompts]
+    store.commit(f"seed-{run_id}", {"prompts": pa.Table.from_pylist(rows)}) if run_id == "a" else None
+    ro = []
+    for i, rs in rewards.items():
+        for j, r in enumerate(rs):
+            ro.append({"run_id": run_id, "round": 0, "policy_version": 0, "prompt_id": prompts[i]["prompt_id"],
+                       "sample_idx": j, "prompt_text": prompts[i]["text"], "completion": f"I think {j}",
+                       "reward": float(r), "correct": r == 1.0, "n_tokens": 3, "mean_logprob": -1.0,
+                       "finish_reason": "stop"})
+    import polars as pl
+
+    table = pa.Table.from_pylist(ro)
+    store.commit("collect", {"rollouts": table}, run_id=run_id, round=0)
+    store.commit("pool", {"pool": pa.table({"run_id": [run_id] * len(prompts), "round": [0] * len(prompts),
+                                            "prompt_id": [p["prompt_id"] for p in prompts],
+                                            "status": ["active"] * len(prompts)})}, run_id=run_id, round=0)
+    store.commit("score", {"prompt_scores": eps_scores(pl.from_arrow(table)).to_arrow()}, run_id=run_id, round=0)
+
+
+def _original(text, answer, params=None):
+    pid = prompt_id(text, answer, "rg:products")
+    return {"prompt_id": pid, "text": text, "answer": answer, "source": "rg:products", "root_id": pid,
+            "transform": "original", "params": json.dumps(params or {"max_digits": 1}), "meta": "{}",
+            "parent_id": None, "solution": None}
+
+
+def test_teacher_answers_are_reused_not_requested_again(store, tiny_backend):
+    prompts = [_original(f"Solve the following multiplication: {a} * {b}.", str(a * b)) for a, b in ((7, 8), (6, 9))]
+    cfg = RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=12)
+    teacher = CountingTeacher(tiny_backend)
+    _seed_round(store, "a", prompts, {0: [0] * 4, 1: [0] * 4})
+    out = refine(store, "a", 0, cfg, teacher)
+    assert teacher.calls == 2 and out["teacher_calls"] == 2
+    assert sql(store, "SELECT count(*) AS n FROM teacher_calls").to_pylist() == [{"n": 2}]
+    # a second run with the same prompts and rollouts builds the same payloads: answered from the store
+    _seed_round(store, "b", prompts, {0: [0] * 4, 1: [0] * 4})
+    again = refine(store, "b", 0, cfg, teacher)
+    assert teacher.calls == 2 and again["teacher_calls"] == 0
+    calls = sql(store, "SELECT teacher_call FROM refinements WHERE run_id = 'b'").column("teacher_call").to_pylist()
+    assert all(json.loads(c)["reused"] for c in calls) and len(calls) == 2
+    # and a rerun of a landed stage does nothing at all
+    assert refine(store, "a", 0, cfg, teacher)["skipped"] == "already landed" and teacher.calls == 2
+
+
+def test_ladder_entry_promotion_harden_and_rejections(store):
+    hard = _original("Solve the following multiplication: 7 * 8.", "56")
+    easy = _original("Solve the following multiplication: 2 * 3.", "6")
+    one_digit = _original("Solve the following multiplication: 1 * 3.", "3")
+    text, options, _ = make_mcq(hard["prompt_id"], hard["text"], "56", 4)
+    mcq4 = dict(hard, prompt_id=prompt_id(text, "56", "rg:products"), text=text, transform="mcq4",
+                parent_id=hard["prompt_id"], meta=json.dumps({"options": options, "level": "mcq4"}))
+    prompts = [hard, easy, one_digit, mcq4]
+    _seed_round(store, "a", prompts, {0: [0] * 4, 1: [1] * 4, 2: [0.5] * 4, 3: [1, 1, 1, 0]})
+    cfg = RefineConfig(strategies=["ladder", "harden", "hint_prefix"])
+    out = refine(store, "a", 0, cfg, None)
+    rows = sql(store, """SELECT r.strategy, r.accepted, r.reason, r.parent_id, p.transform, p.text, p.answer, p.params
+                         FROM refinements r LEFT JOIN prompts p ON p.prompt_id = r.child_id""").to_pylist()
+    by = {(r["strategy"], r["parent_id"]): r for r in rows}
+    # the mcq4 variant (mean 0.75 > 0.5) is promoted to mcq10 of the same root question
+    promo = by[("promote", mcq4["prompt_id"])]
+    assert promo["accepted"] and promo["transform"] == "mcq10" and "(J)" in promo["text"] and promo["answer"] == "56"
+    # the saturated original gets a harder sibling with a new answer and one more digit allowed
+    hardened = by[("harden", easy["prompt_id"])]
+    assert hardened["accepted"] and json.loads(hardened["params"])["max_digits"] == 2
+    # the flat one-digit original enters the ladder at mcq4
+    assert by[("ladder", one_digit["prompt_id"])]["transform"] == "mcq4"
+    # the too-hard original already has its mcq4 child in the pool: recorded as rejected with the reason
+    dup = by[("ladder", hard["prompt_id"])]
+    assert not dup["accepted"] and dup["reason"] == "already in this run's pool"
+    assert out["children"] == 3
+
+
+@pytest.mark.parametrize("threshold,promoted", [(0.5, True), (0.8, False)])
+def test_promotion_rule_threshold(store, threshold, promoted):
+    hard = _original("Solve the following multiplication: 7 * 8.", "56")
+    text, options, _ = make_mcq(hard["prompt_id"], hard["text"], "56", 4)
+    mcq4 = dict(hard, prompt_id=prompt_id(text, "56", "rg:products"), text=text, transform="mcq4",
+                parent_id=hard["prompt_id"], meta=json.dumps({"options": options}))
+    _seed_round(store, "a", [hard, mcq4], {1: [1, 1, 1, 0]})
+    refine(store, "a", 0, RefineConfig(strategies=["ladder"], promote_threshold=threshold), None)
+    got = sql(store, "SELECT count(*) AS n FROM refinements WHERE strategy = 'promote'").to_pylist()[0]["n"]
+    assert got == (1 if promoted else 0)
