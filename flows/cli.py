@@ -127,24 +127,45 @@ def cmd_lineage(a: argparse.Namespace) -> int:
     from storage.query import connect
     from storage.store import Store
 
-    tree = lineage(connect(Store(a.store)), a.prompt_id)
+    con = connect(Store(a.store))
+    tree = lineage(con, a.prompt_id)
+    ids = [tree["prompt"]["prompt_id"], *(d["prompt_id"] for d in tree["descendants"])]
+    history = con.sql("""
+        SELECT s.prompt_id, s.run_id, s.round, round(s.mean_reward, 3) AS pass_rate, round(s.eps, 3) AS eps,
+               s.bucket, p.status
+        FROM prompt_scores s LEFT JOIN pool p USING (run_id, round, prompt_id)
+        WHERE s.prompt_id IN (SELECT unnest($ids)) ORDER BY s.run_id, s.round""", params={"ids": ids}).to_arrow_table()
+    status = con.sql("""SELECT prompt_id, arg_max(status, round) AS status FROM pool
+                        WHERE prompt_id IN (SELECT unnest($ids)) GROUP BY 1""", params={"ids": ids}).to_arrow_table()
+    rounds: dict[str, list[dict]] = {}
+    for r in history.to_pylist():
+        rounds.setdefault(r.pop("prompt_id"), []).append(r)
+    latest = dict(zip(status["prompt_id"].to_pylist(), status["status"].to_pylist()))
+    for node in [tree["prompt"], *tree["descendants"]]:
+        node["rounds"] = rounds.get(node["prompt_id"], [])
+        node["status"] = latest.get(node["prompt_id"])
     if a.json:
         print(json.dumps(tree, default=str, ensure_ascii=False, indent=1))
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.tree import Tree
 
     def label(p: dict) -> str:
-        return f"[bold]{p['prompt_id']}[/] {p['transform']} ({p['source']}) {p['text'][:60]!r}"
+        scores = "  ".join(f"r{r['round']}: pass {r['pass_rate']:.2f} EPS {r['eps']:.2f} {r['bucket']}"
+                           for r in p["rounds"])
+        text = p["text"].splitlines()[0][:50]
+        return (f"[bold]{p['prompt_id']}[/] [cyan]{p['transform']}[/] {escape('[' + (p['status'] or 'not in a pool') + ']')} "
+                f"{escape(repr(text))}" + (f"\n  {scores}" if scores else ""))
 
     root = Tree(label(tree["prompt"]))
     nodes = {tree["prompt"]["prompt_id"]: root}
     for d in tree["descendants"]:
         nodes[d["prompt_id"]] = nodes.get(d["parent_id"], root).add(label(d))
+    console = Console()
     if tree["ancestors"]:
-        chain = " <- ".join(f"{p['prompt_id']} ({p['transform']})" for p in tree["ancestors"])
-        Console().print(f"ancestors: {chain}")
-    Console().print(root)
+        console.print("ancestors: " + " <- ".join(f"{p['prompt_id']} ({p['transform']})" for p in tree["ancestors"]))
+    console.print(root)
     return 0
 
 

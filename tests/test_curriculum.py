@@ -50,6 +50,22 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     assert counts["rollouts"] == counts["distinct_rollouts"] == 48 and counts["scores"] == 12
     children = sql(store, "SELECT count(*) AS n FROM refinements WHERE run_id = 'e2e' AND accepted").to_pylist()[0]["n"]
     assert children > 0 and counts["pool"] == 8 + 8 + children  # round 1's pool holds the accepted children
+    # lineage: a refined root shows its children, with per-round scores and statuses
+    import json as _json
+
+    from flows.cli import main
+
+    parent = sql(store, "SELECT parent_id FROM refinements WHERE run_id = 'e2e' AND accepted LIMIT 1").to_pylist()[0]
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["lineage", parent["parent_id"], "--json", "--store", store.root]) == 0
+    tree = _json.loads(buf.getvalue())
+    assert tree["prompt"]["rounds"][0]["bucket"] in ("too_hard", "flat", "saturated")
+    assert tree["descendants"] and all(d["parent_id"] == parent["parent_id"] for d in tree["descendants"])
+    assert {d["status"] for d in tree["descendants"]} <= {"active", "reserve", "retired"}
     with pytest.raises(ValueError, match="differs in: rollout"):
         curriculum(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="e2e", store=store.root))
 
