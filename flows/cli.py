@@ -74,9 +74,17 @@ def print_summary(out: dict) -> None:
 
     store, run = Store(out["store"]), out["run_id"]
     for s in out["stages"]:
-        if s["stage"] == "collect" and "skipped" not in s:
+        if "skipped" in s:
+            continue
+        if s["stage"] == "collect":
             print(f"round {s['round']}: {s['rollouts']} rollouts over {s['prompts']} prompts, pass rate "
                   f"{s['pass_rate']:.1%}, {s['tokens_per_s']:.0f} tokens/s")
+        elif s["stage"] == "select" and "clusters" in s:
+            print(f"round {s['round']}: selected {s['selected']} of {s['candidates']} over {s['clusters']} clusters "
+                  f"(mean EPS {s['mean_eps_selected']:.3f} vs pool {s['mean_eps_pool']:.3f})")
+        elif s["stage"] == "refine":
+            detail = ", ".join(f"{k} {v}" for k, v in sorted(s["by_strategy"].items()))
+            print(f"round {s['round']}: refine made {s['children']} children ({detail})")
     q = f"""SELECT round, bucket, count(*) AS prompts, round(avg(mean_reward), 3) AS mean_pass,
             round(quantile_cont(eps, 0.25), 3) AS eps_p25, round(median(eps), 3) AS eps_p50,
             round(quantile_cont(eps, 0.75), 3) AS eps_p75, round(max(eps), 3) AS eps_max

@@ -52,6 +52,6 @@ def test_readme_example_config_is_accepted(tmp_path):
     (tmp_path / "example.toml").write_text(example)
     c = load_config(str(tmp_path / "example.toml"))
     defaults = RunConfig()
-    for section in ("model", "rollout", "select", "reward", "utility"):
+    for section in ("model", "rollout", "select", "refine", "reward", "utility"):
         assert getattr(c, section) == getattr(defaults, section), section
     assert c.run_id == "my-run" and len(c.pool.sources) == 2
