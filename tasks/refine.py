@@ -108,27 +108,31 @@ def harden_child(parent: dict, run_id: str, round: int) -> tuple[dict | None, st
                   params=row.params), None
 
 
-def teacher_child(store: Store, parent: dict, rollouts: list[dict], teacher: Any, cache: dict, run_id: str,
-                  round: int, max_new_tokens: int) -> tuple[dict | None, str | None, dict]:
-    """teacher_scaffold. Returns (child, rejection reason, teacher_call record)."""
+def teacher_payload(parent: dict, rollouts: list[dict], teacher: Any) -> tuple[str, str]:
+    """(cache key, prompt text) of a teacher_scaffold call for `parent`."""
     attempts = "\n".join(f"- reward {r['reward']:.2f}: {r['completion'][:300]!r}" for r in rollouts[:4])
     payload = TEACHER_TEMPLATE.format(question=parent["text"], attempts=attempts, answer=parent["answer"])
     key = hashlib.sha256(f"{getattr(teacher, 'name', 'teacher')}\x1f{payload}".encode()).hexdigest()[:24]
-    if key in cache:
-        response, reused = cache[key], True
-    else:
-        prompt = teacher.render([{"role": "user", "content": payload}])
-        seed = int(key[:7], 16)
-        response = teacher.generate([prompt], 1, Sampling(0.7, 1.0, max_new_tokens, seed))[0][0].text.strip()
-        cache[key], reused = response, False
-        store.commit(f"teacher-{key}", {"teacher_calls": pa.table({
-            "key": [key], "teacher": [getattr(teacher, "name", "teacher")], "response": [response],
-            "created_at": [datetime.now(UTC)]})})
-    call = {"key": key, "teacher": getattr(teacher, "name", "teacher"), "response": response, "reused": reused}
-    if not response:
-        return None, "teacher returned nothing", call
-    child = _child(parent, response, "teacher_scaffold", run_id, round)
-    return child, check_child(response, parent["text"], parent["answer"]), call
+    return key, payload
+
+
+def ask_teacher(store: Store, teacher: Any, payloads: dict[str, str], cache: dict, max_new_tokens: int) -> set[str]:
+    """Answer every payload not in `cache` with one batched generate call; each answer lands in
+    `teacher_calls` before anything else happens, so a crash never costs a call twice. Returns the new keys."""
+    missing = [k for k in payloads if k not in cache]
+    if not missing:
+        return set()
+    prompts = [teacher.render([{"role": "user", "content": payloads[k]}]) for k in missing]
+    seed = int(hashlib.sha256("".join(missing).encode()).hexdigest()[:7], 16)
+    groups = teacher.generate(prompts, 1, Sampling(0.7, 1.0, max_new_tokens, seed))
+    answers = [g[0].text.strip() for g in groups]
+    name = getattr(teacher, "name", "teacher")
+    digest = hashlib.sha256("".join(missing).encode()).hexdigest()[:16]
+    store.commit(f"teacher-{digest}", {"teacher_calls": pa.table({
+        "key": missing, "teacher": [name] * len(missing), "response": answers,
+        "created_at": [datetime.now(UTC)] * len(missing)})})
+    cache.update(zip(missing, answers))
+    return set(missing)
 
 
 def teacher_cache(store: Store) -> dict:
@@ -153,6 +157,7 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
     children: list[dict] = []
     rows: list[dict] = []
     used = {s: 0 for s in [*cfg.strategies, "promote"]}
+    pending: list[tuple[dict, str, str]] = []  # teacher_scaffold calls to make, batched
 
     def record(parent_id: str, strategy: str, child: dict | None, reason: str | None, call: dict | None = None):
         accepted = child is not None and reason is None
@@ -193,12 +198,24 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
                 child, reason = hint_child(parent, cfg.hint_fraction, run_id, round)
                 record(parent["prompt_id"], "hint_prefix", child, reason)
             if "teacher_scaffold" in cfg.strategies and teacher is not None and room("teacher_scaffold"):
-                child, reason, call = teacher_child(store, parent, groups.get(parent["prompt_id"], []), teacher, cache,
-                                                    run_id, round, cfg.teacher_max_new_tokens)
-                record(parent["prompt_id"], "teacher_scaffold", child, reason, call)
+                used["teacher_scaffold"] += 1  # reserve the slot; the calls are batched after the loop
+                pending.append((parent, *teacher_payload(parent, groups.get(parent["prompt_id"], []), teacher)))
         elif s["bucket"] == "saturated" and "harden" in cfg.strategies and room("harden"):
             child, reason = harden_child(parent, run_id, round)
             record(parent["prompt_id"], "harden", child, reason)
+
+    fresh = ask_teacher(store, teacher, {k: p for _, k, p in pending}, cache, cfg.teacher_max_new_tokens)
+    for parent, key, _ in pending:
+        used["teacher_scaffold"] -= 1
+        response = cache[key]
+        call = {"key": key, "teacher": getattr(teacher, "name", "teacher"), "response": response,
+                "reused": key not in fresh}
+        if not response:
+            record(parent["prompt_id"], "teacher_scaffold", None, "teacher returned nothing", call)
+            continue
+        child = _child(parent, response, "teacher_scaffold", run_id, round)
+        record(parent["prompt_id"], "teacher_scaffold", child, check_child(response, parent["text"], parent["answer"]),
+               call)
 
     now = datetime.now(UTC)
     tables = {"refinements": pa.Table.from_pylist(
