@@ -81,7 +81,8 @@ def print_summary(out: dict) -> None:
                   f"{s['pass_rate']:.1%}, {s['tokens_per_s']:.0f} tokens/s")
         elif s["stage"] == "select" and "clusters" in s:
             print(f"round {s['round']}: selected {s['selected']} of {s['candidates']} over {s['clusters']} clusters "
-                  f"(mean EPS {s['mean_eps_selected']:.3f} vs pool {s['mean_eps_pool']:.3f})")
+                  f"({s['selected_unscored']} never scored; scored ones: mean EPS {s['mean_eps_selected']:.3f} "
+                  f"vs {s['mean_eps_pool']:.3f} over the candidates)")
         elif s["stage"] == "refine":
             detail = ", ".join(f"{k} {v}" for k, v in sorted(s["by_strategy"].items()))
             print(f"round {s['round']}: refine made {s['children']} children ({detail})")

@@ -203,10 +203,14 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
     tables["selections"] = sel.to_arrow()
     store.commit("select", tables, run_id=run_id, round=round)
     picked = np.isin(np.asarray(ids), sel["prompt_id"].to_numpy())
-    scored_eps = np.nan_to_num(eps, nan=0.0)
+    scored = ~np.isnan(eps)
+
+    def mean_eps(mask: np.ndarray) -> float:  # over prompts scored last round; never-scored ones have no EPS
+        return round_(float(eps[mask & scored].mean())) if (mask & scored).any() else 0.0
+
     return {"stage": "select", "round": round, "selector": cfg.selector, "candidates": len(ids),
-            "selected": sel.height, "mean_eps_selected": round_(float(scored_eps[picked].mean()) if picked.any() else 0.0),
-            "mean_eps_pool": round_(float(scored_eps.mean())), **extra}
+            "selected": sel.height, "selected_unscored": int((picked & ~scored).sum()),
+            "mean_eps_selected": mean_eps(picked), "mean_eps_pool": mean_eps(np.ones_like(picked)), **extra}
 
 
 def round_(x: float) -> float:
