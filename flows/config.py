@@ -69,6 +69,8 @@ class RolloutConfig(Section):
     seed: int = Field(0, ge=0, description="sampling seed; round r uses seed * 1000 + r")
     instruction: str = Field("Put your final answer within \\boxed{}.",
                              description="appended to every question before the chat template")
+    fewshot_p0: float = Field(0.5, ge=0.0, le=1.0, description="CBRL: p_t = p0 * (1 - t/T) of few-shot context")
+    fewshot_k: int = Field(2, ge=0, le=16, description="CBRL: solved sibling demonstrations per prompt (0: off)")
     include_reserve: bool = Field(False, description="reserve prompts are candidates too (default: only the "
                                   "rescore flow re-probes them)")
 

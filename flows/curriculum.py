@@ -63,7 +63,7 @@ def curriculum(config: RunConfig) -> dict:
                 stages.append(select_task(store.uri, config.run_id, r, config.select, config.model,
                                           config.rollout.include_reserve))
             stages.append(collect_task(store.uri, config.run_id, r, POLICY_VERSION, config.model, config.rollout,
-                                       config.reward, selecting))
+                                       config.reward, selecting, config.rounds))
             u = config.utility
             stages.append(score_task(store.uri, config.run_id, r, u.beta, u.tau, u.eps))
             if config.refine.strategies and r + 1 < config.rounds:  # children of the last round would never run

@@ -1,6 +1,7 @@
 """Collect stage: G samples per pool prompt from the current policy, verified and stored as `rollouts`.
 
-Each prompt is the question plus the configured instruction, rendered with the model's chat template.
+Each prompt is the question plus the configured instruction, rendered with the model's chat template,
+optionally after few-shot demonstrations (tasks/fewshot.py, recorded in `augmentation`).
 The whole round lands as one atomic stage; a crash mid-collection leaves nothing, and the rerun collects
 the round again with the same seed (so exactly one set of rollouts per prompt and round exists).
 """
@@ -18,6 +19,7 @@ from models.backend import Sampling
 from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store, fault_point
+from tasks.fewshot import demonstrations, fewshot_messages
 from tasks.reporting import progress_reporter
 from tasks.rewards import verify
 
@@ -35,26 +37,27 @@ def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, in
     return ids.select("prompt_id").unique().join(prompts, on="prompt_id", how="inner").sort("prompt_id").collect()
 
 
-def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], run_id: str, round: int,
-                  policy_version: int, reward_cfg: Any) -> pa.Table:
+def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], augmentation: list[str | None],
+                  run_id: str, round: int, policy_version: int, reward_cfg: Any) -> pa.Table:
     cols: dict[str, list] = {k: [] for k in ("prompt_id", "sample_idx", "prompt_text", "completion", "reward",
-                                             "correct", "n_tokens", "mean_logprob", "finish_reason")}
-    for row, text, group in zip(prompts.iter_rows(named=True), rendered, groups):
+                                             "correct", "n_tokens", "mean_logprob", "finish_reason",
+                                             "augmentation")}
+    for row, text, aug, group in zip(prompts.iter_rows(named=True), rendered, augmentation, groups):
         for i, c in enumerate(group):
             v = verify(c.text, row["answer"], row["source"], row["text"], row["meta"], reward_cfg.verifier,
                        reward_cfg.strict, reward_cfg.format_weight)
             for k, x in (("prompt_id", row["prompt_id"]), ("sample_idx", i), ("prompt_text", text),
                          ("completion", c.text), ("reward", v.reward), ("correct", v.correct),
                          ("n_tokens", c.n_tokens), ("mean_logprob", c.mean_logprob),
-                         ("finish_reason", c.finish_reason)):
+                         ("finish_reason", c.finish_reason), ("augmentation", aug)):
                 cols[k].append(x)
     n = len(cols["prompt_id"])
-    return pa.table({"run_id": [run_id] * n, "round": [round] * n, "policy_version": [policy_version] * n,
-                     **cols, "augmentation": pa.nulls(n, pa.string())})
+    cols["augmentation"] = pa.array(cols["augmentation"], pa.string())
+    return pa.table({"run_id": [run_id] * n, "round": [round] * n, "policy_version": [policy_version] * n, **cols})
 
 
 def collect(store: Store, run_id: str, round: int, policy_version: int, model_cfg: Any, rollout_cfg: Any,
-            reward_cfg: Any, use_selection: bool = False) -> dict:
+            reward_cfg: Any, use_selection: bool = False, rounds: int = 1) -> dict:
     """Generate, verify and land the round's rollouts. Returns a small summary."""
     if store.landed(run_id, round, "collect"):
         return {"stage": "collect", "round": round, "skipped": "already landed"}
@@ -63,8 +66,11 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
         raise ValueError(f"run {run_id} round {round}: the pool has no prompt to collect for")
     backend = load_backend(model_cfg.policy, model_cfg.backend, model_cfg.device, model_cfg.dtype,
                            model_cfg.batch_size)
-    rendered = [backend.render([{"role": "user", "content": f"{q}\n{rollout_cfg.instruction}".strip()}])
-                for q in prompts["text"]]
+    demos = demonstrations(store, run_id, round) if rollout_cfg.fewshot_k else None
+    messages, augmentation = fewshot_messages(prompts, demos if demos is not None else pl.DataFrame(), run_id,
+                                              round, rounds, rollout_cfg.fewshot_p0, rollout_cfg.fewshot_k,
+                                              rollout_cfg.instruction)
+    rendered = [backend.render(m) for m in messages]
     sampling = Sampling(rollout_cfg.temperature, rollout_cfg.top_p, rollout_cfg.max_new_tokens,
                         seed=rollout_cfg.seed * 1000 + round)
     total = prompts.height * rollout_cfg.group_size
@@ -76,7 +82,7 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
 
         groups = backend.generate(rendered, rollout_cfg.group_size, sampling, progress=on_progress)
     seconds = time.perf_counter() - t0
-    table = rollout_table(prompts, groups, rendered, run_id, round, policy_version, reward_cfg)
+    table = rollout_table(prompts, groups, rendered, augmentation, run_id, round, policy_version, reward_cfg)
     store.commit("collect", {"rollouts": table}, run_id=run_id, round=round)
     n_tokens = sum(table["n_tokens"].to_pylist())
     return {"stage": "collect", "round": round, "prompts": prompts.height, "rollouts": table.num_rows,
@@ -90,5 +96,6 @@ def round_(x: float) -> float:
 
 @task(name="collect")
 def collect_task(store_uri: str, run_id: str, round: int, policy_version: int, model_cfg: Any, rollout_cfg: Any,
-                 reward_cfg: Any, use_selection: bool = False) -> dict:
-    return collect(Store(store_uri), run_id, round, policy_version, model_cfg, rollout_cfg, reward_cfg, use_selection)
+                 reward_cfg: Any, use_selection: bool = False, rounds: int = 1) -> dict:
+    return collect(Store(store_uri), run_id, round, policy_version, model_cfg, rollout_cfg, reward_cfg, use_selection,
+                   rounds)
