@@ -24,6 +24,9 @@ def _prepare_prefect(store_uri: str, verbose: bool) -> None:
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    # A fresh ephemeral server migrates its SQLite database first; on a busy 2-core machine that has taken
+    # over Prefect's default 20 s, and the run then died before doing anything.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     if not verbose:
         # The ephemeral Prefect server cancels its SQLite connections at interpreter exit, and SQLAlchemy logs
         # that as an ERROR with a traceback after a successful run; it is shutdown noise, not a failure.
