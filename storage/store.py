@@ -229,12 +229,6 @@ class Store:
             return self.path(rel)
         return self.fs.unstrip_protocol(self.path(rel))
 
-    def read(self, table: str) -> pa.Table:
-        """A whole table as one arrow table (small tables; use `scan` or SQL for large ones)."""
-        from storage.query import scan
-
-        return scan(self, table).collect().to_arrow()
-
     # ---- crash debris --------------------------------------------------------------------------------------
     def cleanup(self) -> list[str]:
         """Remove what crashed writers left: temp folders whose owner is gone, and stage folders that were

@@ -14,7 +14,7 @@ def _in_prefect_run() -> bool:
 
 
 @contextmanager
-def progress_reporter(label: str, total: int, key: str | None = None) -> Iterator[Callable[[int], None]]:
+def progress_reporter(label: str, total: int) -> Iterator[Callable[[int], None]]:
     """Yields `advance(k)`. The bar goes to stderr; the artifact is updated at most every 5%."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -40,3 +40,8 @@ def progress_reporter(label: str, total: int, key: str | None = None) -> Iterato
                 done["reported"] = pct
 
         yield advance
+
+
+def sig4(x: float) -> float:
+    """A figure for a stage summary, to 4 significant digits."""
+    return float(f"{x:.4g}")

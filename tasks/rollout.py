@@ -20,7 +20,7 @@ from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store, fault_point
 from tasks.fewshot import demonstrations, fewshot_messages
-from tasks.reporting import progress_reporter
+from tasks.reporting import progress_reporter, sig4
 from tasks.rewards import verify
 
 
@@ -86,12 +86,8 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
     store.commit("collect", {"rollouts": table}, run_id=run_id, round=round)
     n_tokens = sum(table["n_tokens"].to_pylist())
     return {"stage": "collect", "round": round, "prompts": prompts.height, "rollouts": table.num_rows,
-            "tokens": n_tokens, "seconds": round_(seconds), "tokens_per_s": round_(n_tokens / max(seconds, 1e-9)),
-            "pass_rate": round_(sum(table["correct"].to_pylist()) / max(table.num_rows, 1))}
-
-
-def round_(x: float) -> float:
-    return float(f"{x:.4g}")
+            "tokens": n_tokens, "seconds": sig4(seconds), "tokens_per_s": sig4(n_tokens / max(seconds, 1e-9)),
+            "pass_rate": sig4(sum(table["correct"].to_pylist()) / max(table.num_rows, 1))}
 
 
 @task(name="collect")

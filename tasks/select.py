@@ -20,6 +20,7 @@ from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store
 from tasks.embed import cached_embeddings
+from tasks.reporting import sig4
 
 SELECTORS = ("kmeans", "uniform", "dapo_filter")
 
@@ -190,7 +191,7 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
                                                  pl.lit(cfg.embedder).alias("embedder")).to_arrow()
         warm = init is not None and init.shape == (cents.height, x.shape[1])
         extra = {"clusters": int(cents.height), "embedded": fresh, "warm_start": warm,
-                 "cluster_entropy": round_(cluster_entropy(rows["cluster"].to_numpy()))}
+                 "cluster_entropy": sig4(cluster_entropy(rows["cluster"].to_numpy()))}
     elif cfg.selector == "uniform":
         rows, extra = select_uniform(ids, cfg.batch_size, seed), {}
     elif cfg.selector == "dapo_filter":
@@ -206,15 +207,11 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
     scored = ~np.isnan(eps)
 
     def mean_eps(mask: np.ndarray) -> float:  # over prompts scored last round; never-scored ones have no EPS
-        return round_(float(eps[mask & scored].mean())) if (mask & scored).any() else 0.0
+        return sig4(float(eps[mask & scored].mean())) if (mask & scored).any() else 0.0
 
     return {"stage": "select", "round": round, "selector": cfg.selector, "candidates": len(ids),
             "selected": sel.height, "selected_unscored": int((picked & ~scored).sum()),
             "mean_eps_selected": mean_eps(picked), "mean_eps_pool": mean_eps(np.ones_like(picked)), **extra}
-
-
-def round_(x: float) -> float:
-    return float(f"{x:.4g}")
 
 
 @task(name="select")
