@@ -82,6 +82,10 @@ def print_summary(out: dict) -> None:
         if s["stage"] == "collect":
             print(f"round {s['round']}: {s['rollouts']} rollouts over {s['prompts']} prompts, pass rate "
                   f"{s['pass_rate']:.1%}, {s['tokens_per_s']:.0f} tokens/s")
+            lope = s.get("lope") or {}
+            if lope.get("groups"):
+                print(f"round {s['round']}: LoPE resampled {lope['groups']} all-fail groups ({lope['resamples']} "
+                      f"samples), rescued {lope['rescued']}, replaced {lope['replaced']} rollouts")
         elif s["stage"] == "select" and "clusters" in s:
             print(f"round {s['round']}: selected {s['selected']} of {s['candidates']} over {s['clusters']} clusters "
                   f"({s['selected_unscored']} never scored; scored ones: mean EPS {s['mean_eps_selected']:.3f} "

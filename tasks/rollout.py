@@ -1,7 +1,9 @@
 """Collect stage: G samples per pool prompt from the current policy, verified and stored as `rollouts`.
 
 Each prompt is the question plus the configured instruction, rendered with the model's chat template,
-optionally after few-shot demonstrations (tasks/fewshot.py, recorded in `augmentation`).
+optionally after few-shot demonstrations (tasks/fewshot.py, recorded in `augmentation`). All-fail groups
+are then resampled under Lorem-Ipsum prefixes (tasks/lope.py), and correct resamples replace up to G - 1
+failures, also recorded in `augmentation`.
 The whole round lands as one atomic stage; a crash mid-collection leaves nothing, and the rerun collects
 the round again with the same seed (so exactly one set of rollouts per prompt and round exists).
 """
@@ -20,6 +22,7 @@ from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store, fault_point
 from tasks.fewshot import demonstrations, fewshot_messages
+from tasks.lope import Rescue, lope_rescue
 from tasks.reporting import progress_reporter, sig4
 from tasks.rewards import verify
 
@@ -37,15 +40,22 @@ def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, in
     return ids.select("prompt_id").unique().join(prompts, on="prompt_id", how="inner").sort("prompt_id").collect()
 
 
-def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], augmentation: list[str | None],
-                  run_id: str, round: int, policy_version: int, reward_cfg: Any) -> pa.Table:
+def verdicts(prompts: pl.DataFrame, groups: list, reward_cfg: Any) -> list[list]:
+    """The verifier's Verdict for every completion (per completion on purpose: each parses model text)."""
+    out = []
+    for row, group in zip(prompts.iter_rows(named=True), groups):
+        out.append([verify(c.text, row["answer"], row["source"], row["text"], row["meta"], reward_cfg.verifier,
+                           reward_cfg.strict, reward_cfg.format_weight) for c in group])
+    return out
+
+
+def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], augmentation: list[list[str | None]],
+                  checked: list[list], run_id: str, round: int, policy_version: int) -> pa.Table:
     cols: dict[str, list] = {k: [] for k in ("prompt_id", "sample_idx", "prompt_text", "completion", "reward",
                                              "correct", "n_tokens", "mean_logprob", "finish_reason",
                                              "augmentation")}
-    for row, text, aug, group in zip(prompts.iter_rows(named=True), rendered, augmentation, groups):
-        for i, c in enumerate(group):
-            v = verify(c.text, row["answer"], row["source"], row["text"], row["meta"], reward_cfg.verifier,
-                       reward_cfg.strict, reward_cfg.format_weight)
+    for row, text, augs, group, vs in zip(prompts.iter_rows(named=True), rendered, augmentation, groups, checked):
+        for i, (c, aug, v) in enumerate(zip(group, augs, vs)):
             for k, x in (("prompt_id", row["prompt_id"]), ("sample_idx", i), ("prompt_text", text),
                          ("completion", c.text), ("reward", v.reward), ("correct", v.correct),
                          ("n_tokens", c.n_tokens), ("mean_logprob", c.mean_logprob),
@@ -81,13 +91,31 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
             fault_point("collect:mid")  # test hook: a fault test kills the process here, mid-collection
 
         groups = backend.generate(rendered, rollout_cfg.group_size, sampling, progress=on_progress)
+    checked = verdicts(prompts, groups, reward_cfg)
+    augs = [[a] * len(g) for a, g in zip(augmentation, groups)]
+    rescue = Rescue()
+    if rollout_cfg.lope_prefixes and rollout_cfg.lope_samples:
+        rows = prompts.to_dicts()
+
+        def verify_one(i: int, text: str):
+            v = verify(text, rows[i]["answer"], rows[i]["source"], rows[i]["text"], rows[i]["meta"],
+                       reward_cfg.verifier, reward_cfg.strict, reward_cfg.format_weight)
+            return v.reward, v.correct
+
+        correct = [[v.correct for v in vs] for vs in checked]
+        rescue = lope_rescue(backend, messages, correct, groups, augs, sampling, verify_one,
+                             rollout_cfg.lope_prefixes, rollout_cfg.lope_samples, rollout_cfg.lope_max_groups)
+        if rescue.replaced:
+            checked = verdicts(prompts, groups, reward_cfg)
     seconds = time.perf_counter() - t0
-    table = rollout_table(prompts, groups, rendered, augmentation, run_id, round, policy_version, reward_cfg)
+    table = rollout_table(prompts, groups, rendered, augs, checked, run_id, round, policy_version)
     store.commit("collect", {"rollouts": table}, run_id=run_id, round=round)
     n_tokens = sum(table["n_tokens"].to_pylist())
     return {"stage": "collect", "round": round, "prompts": prompts.height, "rollouts": table.num_rows,
             "tokens": n_tokens, "seconds": sig4(seconds), "tokens_per_s": sig4(n_tokens / max(seconds, 1e-9)),
-            "pass_rate": sig4(sum(table["correct"].to_pylist()) / max(table.num_rows, 1))}
+            "pass_rate": sig4(sum(table["correct"].to_pylist()) / max(table.num_rows, 1)),
+            "lope": {"groups": rescue.groups, "rescued": rescue.rescued, "replaced": rescue.replaced,
+                     "resamples": rescue.resamples}}
 
 
 @task(name="collect")
