@@ -100,9 +100,12 @@ class RefineConfig(Section):
     max_children: int = Field(24, ge=0, le=100_000, description="refinements per round, all strategies")
     max_per_strategy: int = Field(8, ge=0, le=100_000, description="refinements per round and strategy")
     promote_threshold: float = Field(0.5, ge=0.0, le=1.0, description="ladder promotion when mean reward > this")
-    hint_fraction: float = Field(0.3, gt=0.0, lt=1.0, description="f: share of the solution revealed")
+    hint_fraction: float = Field(0.3, gt=0.0, lt=1.0, description="f: share of the solution revealed; each "
+                                 "promotion of a hint child lowers it by 0.1, down to the open question")
     teacher: str = Field("policy", description="'policy', 'openai:<base url>#<model>', or a model spec")
     teacher_max_new_tokens: int = Field(128, ge=8, le=4096)
+    teacher_distractors: bool = Field(True, description="ask the teacher for multiple-choice distractors "
+                                      "(programmatic ones fill the rest)")
 
 
 class RewardConfig(Section):

@@ -3,7 +3,9 @@
 A too-hard open prompt enters at mcq4. When a variant's mean reward exceeds the promotion threshold in a
 round, its lineage moves one step harder: the next variant becomes active and the easier one is retired;
 promotion from cloze re-opens the original question. Numeric distractors are made programmatically (near
-misses, digit swaps, results of a wrong operation); none may verify as correct. The correct letter cycles
+misses, digit swaps, results of a wrong operation) and, when a teacher is configured, by the teacher
+(`distractor_payload`, `parse_distractors`; its answers come first, topped up by programmatic ones); none
+may verify as correct (checked here and again by the gate). The correct letter cycles
 over positions across the pool (by a hash of the prompt id), so no position is favoured.
 """
 
@@ -56,9 +58,54 @@ def numeric_distractors(answer: str, question: str, k: int, seed: int) -> list[s
     return (near + far)[:k]
 
 
-def make_mcq(prompt_id: str, question: str, answer: str, n_options: int) -> tuple[str, list[str], int] | None:
-    """(child text, options, index of the correct one), or None when no distractors can be made."""
-    wrong = numeric_distractors(answer, question, n_options - 1, _seed(prompt_id, str(n_options)))
+DISTRACTOR_TEMPLATE = """Write {k} wrong answers to this problem that a student could plausibly give, for
+example from a common slip. Each must differ from the correct answer. One per line, the answer only.
+
+Problem:
+{question}
+
+Correct answer: {answer}"""
+
+
+def distractor_payload(question: str, answer: str, k: int, teacher_name: str) -> tuple[str, str]:
+    """(cache key, prompt text) of a teacher call for k distractors."""
+    payload = DISTRACTOR_TEMPLATE.format(k=k, question=question, answer=answer.strip())
+    return hashlib.sha256(f"{teacher_name}\x1fdistractors\x1f{payload}".encode()).hexdigest()[:24], payload
+
+
+def parse_distractors(response: str, answer: str, k: int) -> list[str]:
+    """Up to k distinct usable distractors from a teacher's reply. For an integer answer only integers count;
+    anything equal to the answer (as text or as a number) is dropped.
+
+    >>> parse_distractors("1. 54\\n- 56\\n(C) 65\\nfifty\\n54\\n-7", "56", 3)
+    ['54', '65', '-7']
+    """
+    numeric = re.fullmatch(r"-?\d+", answer.strip()) is not None
+    out: list[str] = []
+    for line in response.splitlines():
+        item = re.sub(r"^\s*(?:[-*\u2022]\s+|\(?[A-Ja-j0-9]{1,2}[.):]\s+)", "", line).strip().rstrip(".")
+        if numeric:
+            m = re.fullmatch(r"(-?\d+)", item)
+            if not m:
+                continue
+            item = str(int(m.group(1)))
+        elif not item or len(item) > 40:
+            continue
+        if item not in out and not exact_match(item, answer):
+            out.append(item)
+        if len(out) == k:
+            break
+    return out
+
+
+def make_mcq(prompt_id: str, question: str, answer: str, n_options: int,
+             preferred: list[str] = ()) -> tuple[str, list[str], int] | None:
+    """(child text, options, index of the correct one), or None when no distractors can be made.
+    `preferred` distractors (the teacher's) come first; programmatic ones fill the rest."""
+    wrong = [w for w in preferred if not exact_match(w, answer)][: n_options - 1]
+    for w in numeric_distractors(answer, question, n_options - 1, _seed(prompt_id, str(n_options))):
+        if len(wrong) < n_options - 1 and w not in wrong:
+            wrong.append(w)
     if len(wrong) < n_options - 1:
         return None
     correct = _seed(prompt_id, "letter") % n_options  # balanced over positions across the pool

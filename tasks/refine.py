@@ -4,7 +4,10 @@ Routing, per the round's scores:
 - too_hard / flat originals -> the format ladder (enter at mcq4), teacher_scaffold, hint_prefix;
 - saturated originals from reasoning-gym -> harden (one difficulty step up; others just go to reserve);
 - ladder variants whose mean reward exceeds the promotion threshold -> the next, harder rung
-  (mcq4 -> mcq10 -> cloze -> open); the easier variant is retired;
+  (mcq4 -> mcq10 -> cloze -> open); the easier variant is retired. Distractors come from the teacher
+  when one is configured (`teacher_distractors`), topped up programmatically;
+- hint_prefix children above the threshold are promoted the same way, with the revealed share annealed
+  f -> f - 0.1 -> ... -> the open question;
 - informative prompts are left unchanged.
 Every child passes the validity gate (tasks/gate.py); rejected children are recorded with their reason in
 `refinements` and never enter `prompts`. Teacher calls are keyed on a hash of their payload; each answer
@@ -29,7 +32,7 @@ from storage.ids import prompt_id as content_id
 from storage.query import scan
 from storage.store import Store
 from tasks.gate import check_child
-from tasks.ladder import LEVELS, make_cloze, make_mcq, next_level
+from tasks.ladder import LEVELS, distractor_payload, make_cloze, make_mcq, next_level, parse_distractors
 
 TEACHER_TEMPLATE = """You are helping a student who keeps failing this problem.
 
@@ -58,16 +61,19 @@ def _child(parent: dict, text: str, transform: str, run_id: str, round: int, met
             "meta": json.dumps(meta, sort_keys=True)}
 
 
-def ladder_child(parent: dict, root: dict, level: str, run_id: str, round: int) -> tuple[dict | None, str | None]:
+def ladder_child(parent: dict, root: dict, level: str, run_id: str, round: int,
+                 teacher_distractors: list[str] = ()) -> tuple[dict | None, str | None]:
     """The `level` rung of `root`'s question, made a child of `parent`. (child, rejection reason)."""
     q, a = root["text"], root["answer"]
     if level.startswith("mcq"):
-        made = make_mcq(root["prompt_id"], q, a, 4 if level == "mcq4" else 10)
+        made = make_mcq(root["prompt_id"], q, a, n_options(level), list(teacher_distractors))
         if made is None:
             return None, f"{level}: no numeric distractors for answer {a!r}"
         text, options, correct = made
         reason = check_child(text, q, a, kind="mcq", options=options, correct=correct)
-        return _child(parent, text, level, run_id, round, {"level": level, "options": options}), reason
+        by_teacher = sum(o in teacher_distractors for i, o in enumerate(options) if i != correct)
+        return _child(parent, text, level, run_id, round, {"level": level, "options": options,
+                                                           "teacher_distractors": by_teacher}), reason
     if level == "cloze":
         text = make_cloze(root["prompt_id"], q, a)
         if text is None:
@@ -76,16 +82,34 @@ def ladder_child(parent: dict, root: dict, level: str, run_id: str, round: int) 
     raise ValueError(f"not a ladder rung: {level}")
 
 
-def hint_child(parent: dict, fraction: float, run_id: str, round: int) -> tuple[dict | None, str | None]:
-    """hint_prefix: reveal the first `fraction` of the reference solution's words as a started answer."""
-    sol = parent.get("solution")
+def n_options(level: str) -> int:
+    return 4 if level == "mcq4" else 10
+
+
+def hint_child(parent: dict, fraction: float, run_id: str, round: int,
+               root: dict | None = None) -> tuple[dict | None, str | None]:
+    """hint_prefix: reveal the first `fraction` of the root's reference solution's words as a started answer.
+    `parent` is the root itself, or (annealing) the hint child it replaces."""
+    root = root or parent
+    sol = root.get("solution")
     if not sol:
         return None, "hint_prefix: no reference solution"
     words = sol.split()
     k = max(1, int(len(words) * fraction))
-    text = f"{parent['text']}\nA solution starts like this: {' '.join(words[:k])} ..."
-    return _child(parent, text, "hint_prefix", run_id, round, {"hint_fraction": fraction}), check_child(
-        text, parent["text"], parent["answer"])
+    text = f"{root['text']}\nA solution starts like this: {' '.join(words[:k])} ..."
+    child = _child(parent, text, "hint_prefix", run_id, round, {"hint_fraction": fraction})
+    child["solution"] = root.get("solution")
+    return child, check_child(text, root["text"], root["answer"])
+
+
+def annealed_fraction(fraction: float, step: float = 0.1) -> float:
+    """The next hint fraction after a promotion: f - 0.1, and 0 (the open question) once nothing is left.
+
+    >>> annealed_fraction(0.3), annealed_fraction(0.1), annealed_fraction(0.05)
+    (0.2, 0.0, 0.0)
+    """
+    nxt = round(fraction - step, 6)
+    return nxt if nxt >= 0.05 else 0.0
 
 
 def harden_child(parent: dict, run_id: str, round: int) -> tuple[dict | None, str | None]:
@@ -153,11 +177,12 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
     rollouts = scan(store, "rollouts").filter(this).select("prompt_id", "reward", "completion").collect()
     groups = {k[0]: g.to_dicts() for k, g in rollouts.group_by("prompt_id")}
     in_pool = set(scan(store, "pool").filter(this).select("prompt_id").collect()["prompt_id"])
-    cache = teacher_cache(store) if "teacher_scaffold" in cfg.strategies else {}
+    cache = teacher_cache(store) if teacher is not None else {}
     children: list[dict] = []
     rows: list[dict] = []
     used = {s: 0 for s in [*cfg.strategies, "promote"]}
-    pending: list[tuple[dict, str, str]] = []  # teacher_scaffold calls to make, batched
+    pending: list[tuple[dict, str]] = []  # teacher_scaffold calls to make, batched
+    payloads: dict[str, str] = {}  # every teacher call of the stage (scaffolds and distractors), by key
 
     def record(parent_id: str, strategy: str, child: dict | None, reason: str | None, call: dict | None = None):
         accepted = child is not None and reason is None
@@ -174,48 +199,74 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
     def room(strategy: str) -> bool:
         return used.get(strategy, 0) < cfg.max_per_strategy and sum(used.values()) < cfg.max_children
 
+    distract = teacher is not None and cfg.teacher_distractors
+    teacher_name = getattr(teacher, "name", "teacher")
+    mcqs: list[tuple[dict, dict, str, str, str]] = []  # (parent, root, level, strategy, key): need the teacher
+
+    def ladder(parent: dict, root: dict, level: str, strategy: str) -> None:
+        if not distract or not level.startswith("mcq"):
+            record(parent["prompt_id"], strategy, *ladder_child(parent, root, level, run_id, round))
+            return
+        key, payload = distractor_payload(root["text"], root["answer"], n_options(level) - 1, teacher_name)
+        payloads[key] = payload
+        used[strategy] += 1  # reserve the slot; the teacher calls are batched after the loop
+        mcqs.append((parent, root, level, strategy, key))
+
     for s in scored.iter_rows(named=True):
         parent = by_id[s["prompt_id"]]
         root = by_id.get(parent["root_id"], parent)
-        level = parent["transform"] if parent["transform"] in LEVELS else None
-        if level and s["mean_reward"] > cfg.promote_threshold and "ladder" in cfg.strategies and room("promote"):
-            up = next_level(level)
+        transform = parent["transform"]
+        solved = s["mean_reward"] > cfg.promote_threshold
+        if transform in LEVELS and solved and "ladder" in cfg.strategies and room("promote"):
+            up = next_level(transform)
             if up == "cloze" and make_cloze(root["prompt_id"], root["text"], root["answer"]) is None:
                 up = "open"  # a one-digit answer cannot be a cloze pattern
             if up == "open":
                 record(parent["prompt_id"], "promote", root, None)
             else:
-                child, reason = ladder_child(parent, root, up, run_id, round)
-                record(parent["prompt_id"], "promote", child, reason)
+                ladder(parent, root, up, "promote")
             continue
-        if parent["transform"] != "original":
+        if transform == "hint_prefix" and solved and "hint_prefix" in cfg.strategies and room("promote"):  # annealing: f -> f - 0.1 -> ... -> open
+            f = annealed_fraction(json.loads(parent["meta"] or "{}").get("hint_fraction", cfg.hint_fraction))
+            record(parent["prompt_id"], "promote", *((root, None) if f == 0 else
+                                                     hint_child(parent, f, run_id, round, root)))
+            continue
+        if transform != "original":
             continue
         if s["bucket"] in ("too_hard", "flat"):
             if "ladder" in cfg.strategies and room("ladder"):
-                child, reason = ladder_child(parent, parent, "mcq4", run_id, round)
-                record(parent["prompt_id"], "ladder", child, reason)
+                ladder(parent, parent, "mcq4", "ladder")
             if "hint_prefix" in cfg.strategies and room("hint_prefix") and parent.get("solution"):
                 child, reason = hint_child(parent, cfg.hint_fraction, run_id, round)
                 record(parent["prompt_id"], "hint_prefix", child, reason)
             if "teacher_scaffold" in cfg.strategies and teacher is not None and room("teacher_scaffold"):
                 used["teacher_scaffold"] += 1  # reserve the slot; the calls are batched after the loop
-                pending.append((parent, *teacher_payload(parent, groups.get(parent["prompt_id"], []), teacher)))
+                key, payload = teacher_payload(parent, groups.get(parent["prompt_id"], []), teacher)
+                payloads[key] = payload
+                pending.append((parent, key))
         elif s["bucket"] == "saturated" and "harden" in cfg.strategies and room("harden"):
             child, reason = harden_child(parent, run_id, round)
             record(parent["prompt_id"], "harden", child, reason)
 
-    fresh = ask_teacher(store, teacher, {k: p for _, k, p in pending}, cache, cfg.teacher_max_new_tokens)
-    for parent, key, _ in pending:
+    fresh = ask_teacher(store, teacher, payloads, cache, cfg.teacher_max_new_tokens) if payloads else set()
+
+    def call(key: str) -> dict:
+        return {"key": key, "teacher": teacher_name, "response": cache[key], "reused": key not in fresh}
+
+    for parent, root, level, strategy, key in mcqs:
+        used[strategy] -= 1
+        wrong = parse_distractors(cache[key], root["answer"], n_options(level) - 1)
+        child, reason = ladder_child(parent, root, level, run_id, round, wrong)
+        record(parent["prompt_id"], strategy, child, reason, call(key))
+    for parent, key in pending:
         used["teacher_scaffold"] -= 1
         response = cache[key]
-        call = {"key": key, "teacher": getattr(teacher, "name", "teacher"), "response": response,
-                "reused": key not in fresh}
         if not response:
-            record(parent["prompt_id"], "teacher_scaffold", None, "teacher returned nothing", call)
+            record(parent["prompt_id"], "teacher_scaffold", None, "teacher returned nothing", call(key))
             continue
         child = _child(parent, response, "teacher_scaffold", run_id, round)
         record(parent["prompt_id"], "teacher_scaffold", child, check_child(response, parent["text"], parent["answer"]),
-               call)
+               call(key))
 
     now = datetime.now(UTC)
     tables = {"refinements": pa.Table.from_pylist(
@@ -238,5 +289,6 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
 def refine_task(store_uri: str, run_id: str, round: int, cfg: Any, model_cfg: Any) -> dict:
     from models.registry import load_teacher
 
-    teacher = load_teacher(cfg.teacher, model_cfg) if "teacher_scaffold" in cfg.strategies else None
+    wanted = "teacher_scaffold" in cfg.strategies or ("ladder" in cfg.strategies and cfg.teacher_distractors)
+    teacher = load_teacher(cfg.teacher, model_cfg) if wanted else None
     return refine(Store(store_uri), run_id, round, cfg, teacher)

@@ -115,3 +115,70 @@ def test_promotion_rule_threshold(store, threshold, promoted):
     refine(store, "a", 0, RefineConfig(strategies=["ladder"], promote_threshold=threshold), None)
     got = sql(store, "SELECT count(*) AS n FROM refinements WHERE strategy = 'promote'").to_pylist()[0]["n"]
     assert got == (1 if promoted else 0)
+
+
+def test_hint_annealing_lowers_the_revealed_share_per_promotion(store):
+    """A solved hint child (r > threshold) is replaced by one revealing 0.1 less of the solution; at f = 0.1
+    the next promotion re-opens the root question."""
+    from tasks.refine import hint_child
+
+    root = dict(_original("Compute 12 * 13 step by step.", "156"),
+                solution="12 * 13 = 12 * 10 + 12 * 3 = 120 + 36 so the product is one hundred and fifty six")
+    h3, _ = hint_child(root, 0.3, "a", 0)
+    h1, _ = hint_child(root, 0.1, "a", 0)
+    for h in (h3, h1):
+        h.pop("run_id"), h.pop("round")
+    _seed_round(store, "a", [root, h3, h1], {1: [1, 1, 1, 0], 2: [1, 1, 0, 1]})
+    refine(store, "a", 0, RefineConfig(strategies=["hint_prefix"]), None)
+    rows = sql(store, """SELECT r.parent_id, r.child_id, r.accepted, p.transform, p.meta, p.text
+                         FROM refinements r LEFT JOIN prompts p ON p.prompt_id = r.child_id
+                         WHERE r.strategy = 'promote'""").to_pylist()
+    by = {r["parent_id"]: r for r in rows}
+    assert by[h3["prompt_id"]]["accepted"] and json.loads(by[h3["prompt_id"]]["meta"])["hint_fraction"] == 0.2
+    shorter = by[h3["prompt_id"]]["text"]
+    assert shorter.startswith(root["text"]) and len(shorter) < len(h3["text"])
+    assert by[h1["prompt_id"]]["child_id"] == root["prompt_id"]  # f 0.1 - 0.1 = 0: the open question again
+
+
+class ScriptedTeacher(CountingTeacher):
+    """The tiny model's backend protocol with fixed replies: the tiny model cannot write numbers on cue, and
+    this test is about what is done with a teacher's distractors, not about the teacher's skill."""
+
+    def __init__(self, backend, reply):
+        super().__init__(backend)
+        self.reply, self.name = reply, "scripted"
+
+    def generate(self, prompts, n, sampling, progress=None):
+        from models.backend import Completion
+
+        self.calls += len(prompts)
+        return [[Completion(self.reply, [0], [-1.0])] for _ in prompts]
+
+
+def test_teacher_distractors_come_first_and_never_verify(store, tiny_backend):
+    hard = _original("Solve the following multiplication: 7 * 8.", "56")
+    _seed_round(store, "a", [hard], {0: [0] * 4})
+    teacher = ScriptedTeacher(tiny_backend, "1. 54\n2. 56\n3) 63\n- 48\nfifty-six")
+    out = refine(store, "a", 0, RefineConfig(strategies=["ladder"]), teacher)
+    assert teacher.calls == 1 and out["children"] == 1
+    (row,) = sql(store, """SELECT p.meta, r.teacher_call FROM refinements r JOIN prompts p
+                           ON p.prompt_id = r.child_id""").to_pylist()
+    meta = json.loads(row["meta"])
+    assert meta["teacher_distractors"] == 3  # 54, 63, 48; '56' is the answer and 'fifty-six' is not a number
+    assert sorted(o for o in meta["options"] if o != "56") == ["48", "54", "63"]
+    assert json.loads(row["teacher_call"])["key"]
+    # with the teacher switched off for distractors, the ladder makes them programmatically and asks nobody
+    _seed_round(store, "b", [hard], {0: [0] * 4})
+    refine(store, "b", 0, RefineConfig(strategies=["ladder"], teacher_distractors=False), teacher)
+    assert teacher.calls == 1
+
+
+def test_policy_teacher_distractors_through_the_real_backend(store, tiny_backend):
+    """The tiny model as teacher: its replies are noise, so programmatic distractors fill every slot, the
+    child is still valid, and the call is stored and reused."""
+    hard = _original("Solve the following multiplication: 7 * 8.", "56")
+    _seed_round(store, "a", [hard], {0: [0] * 4})
+    teacher = CountingTeacher(tiny_backend)
+    out = refine(store, "a", 0, RefineConfig(strategies=["ladder"], teacher_max_new_tokens=8), teacher)
+    assert teacher.calls == 1 and out["children"] == 1
+    assert sql(store, "SELECT count(*) AS n FROM teacher_calls").to_pylist() == [{"n": 1}]
