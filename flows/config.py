@@ -10,7 +10,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class Section(BaseModel):
@@ -108,6 +108,53 @@ class RefineConfig(Section):
                                       "(programmatic ones fill the rest)")
 
 
+class ShapeConfig(Section):
+    """MCMC on-policy shaping of off-policy traces (ALGORITHMS.md §5)."""
+
+    enabled: bool = Field(True, description="shape traces for prompts the policy cannot solve yet")
+    variant: Literal["mh", "greedy"] = Field("mh", description="mh: Metropolis-Hastings acceptance; greedy: "
+                                             "accept iff the mean log-prob under the policy rises")
+    steps: int = Field(8, ge=0, le=1000, description="S: MCMC steps per trace")
+    max_traces: int = Field(8, ge=0, le=1_000_000, description="traces shaped per round")
+    max_new_tokens: int = Field(64, ge=1, le=8192, description="longest proposed suffix")
+    teacher_traces: bool = Field(True, description="where a prompt has no reference solution, ask the teacher "
+                                 "(refine.teacher) for one; only traces that verify are used")
+    seed: int = Field(0, ge=0)
+
+
+class TrainConfig(Section):
+    """The GRPO round (ALGORITHMS.md §6). Each round that trains writes a new policy version."""
+
+    enabled: bool = Field(True, description="train a new policy version every round")
+    mode: Literal["full", "lora"] = Field("full", description="full fine-tune, or LoRA adapters (merged on save)")
+    lr: float = Field(1e-5, gt=0.0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="clip range below 1")
+    eps_high: float = Field(0.28, ge=0.0, le=10.0, description="clip range above 1 (clip-higher)")
+    kl_coef: float = Field(0.01, ge=0.0, le=10.0, description="k3 KL to the starting model (0: off)")
+    sft_weight: float = Field(0.1, ge=0.0, le=100.0, description="lambda_sft: NLL weight of shaped traces")
+    scale_std: bool = Field(True, description="divide advantages by the group std (false: Dr.GRPO)")
+    rows_per_step: int = Field(64, ge=1, le=1_000_000, description="sequences per optimizer step")
+    micro_batch: int = Field(8, ge=1, le=4096, description="sequences per forward/backward (gradient "
+                             "accumulation fills the step)")
+    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6)
+    lora_rank: int = Field(16, ge=1, le=1024)
+    lora_alpha: int = Field(32, ge=1, le=4096)
+    seed: int = Field(0, ge=0)
+
+
+class EvalConfig(Section):
+    """Held-out evaluation of every checkpoint."""
+
+    enabled: bool = Field(True)
+    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of the round-0 pool's root "
+                                    "prompts held out; never selected, refined or trained on")
+    n_samples: int = Field(4, ge=1, le=1024, description="samples per held-out prompt")
+    k: int = Field(4, ge=1, le=1024, description="pass@k (k <= n_samples)")
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    seed: int = Field(0, ge=0)
+
+
 class RewardConfig(Section):
     verifier: Literal["auto", "rg", "math", "exact"] = Field("auto", description="auto: rg for rg: sources, else math")
     strict: bool = Field(False, description="only \\boxed{} or <answer> tags count as an answer")
@@ -132,8 +179,17 @@ class RunConfig(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     select: SelectConfig = Field(default_factory=SelectConfig)
     refine: RefineConfig = Field(default_factory=RefineConfig)
+    shape: ShapeConfig = Field(default_factory=ShapeConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     utility: UtilityConfig = Field(default_factory=UtilityConfig)
+
+    @model_validator(mode="after")
+    def _k_within_samples(self) -> RunConfig:
+        if self.eval.k > self.eval.n_samples:
+            raise ValueError(f"eval.k ({self.eval.k}) must be <= eval.n_samples ({self.eval.n_samples})")
+        return self
 
 
 def _set(tree: dict, dotted: str, raw: str) -> None:
@@ -170,5 +226,6 @@ def load_config(path: str | None = None, sets: list[str] = (), **overrides: Any)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        problems = "; ".join((f"{'.'.join(map(str, err['loc']))}: " if err["loc"] else "")
+                             + err["msg"].removeprefix("Value error, ") for err in e.errors())
         raise ValueError(f"invalid config: {problems}") from None

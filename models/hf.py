@@ -78,9 +78,20 @@ class TransformersBackend:
         """n samples for each prompt, by continuous batching: up to `batch_size` rows decode together, and
         as rows finish, waiting prompts are prefilled and merged into the running batch, so the batch stays
         full instead of idling on its longest row. `progress(k)` is called as k rows finish."""
+        return self.generate_ids(self.encode(prompts), n, sampling, progress)
+
+    @torch.no_grad()
+    def generate_ids(self, ids: list[list[int]], n: int, sampling: Sampling,
+                     progress: Callable[[int], None] | None = None,
+                     row_seeds: list[int] | None = None) -> list[list[Completion]]:
+        """`generate` on token ids. With `row_seeds` (one per prompt), sample j of prompt i draws its noise
+        from (row_seeds[i], j, position) alone, so its tokens do not depend on what else is in the batch:
+        the same draws batched or one at a time (MCMC shaping relies on this)."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        ids = self.encode(prompts)
+        if row_seeds is not None and (len(row_seeds) != len(ids) or sampling.top_p < 1.0):
+            raise ValueError("row_seeds needs one seed per prompt, and top_p = 1")
+        prompts = ids
         queue = sorted(range(len(prompts)), key=lambda i: len(ids[i]), reverse=True)
         gen = torch.Generator().manual_seed(sampling.seed)
         tokens: dict[tuple[int, int], list[int]] = {}
@@ -96,7 +107,11 @@ class TransformersBackend:
                 batch, queue = queue[:take], queue[take:]
                 run.merge(self._prefill([ids[i] for i in batch], n), [(i, j) for i in batch for j in range(n)])
             logp = F.log_softmax(run.logits, dim=-1)
-            tok = self._sample(run.logits, sampling, gen)
+            if row_seeds is None:
+                tok = self._sample(run.logits, sampling, gen)
+            else:
+                keys = torch.tensor([[row_seeds[i] & _M32, j, len(tokens.get((i, j), []))] for i, j in run.rows])
+                tok = _sample_keyed(run.logits, sampling.temperature, keys)
             tok_lp = logp.gather(1, tok[:, None].to(logp.device))[:, 0].tolist()
             done = torch.isin(tok, eos).tolist()
             for k, key in enumerate(run.rows):
@@ -209,6 +224,30 @@ class TransformersBackend:
             out.append(flat_t[at : at + len(c)])
             at += len(c)
         return out
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mix (xorshift-multiply rounds) on int64 tensors holding values below 2**32; the
+    multipliers stay below 2**31, so no product overflows int64."""
+    x = x & _M32
+    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _M32
+    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & _M32
+    return x ^ (x >> 16)
+
+
+def _sample_keyed(logits: torch.Tensor, temperature: float, keys: torch.Tensor) -> torch.Tensor:
+    """One token per row by the Gumbel-max trick, with uniforms that are a pure function of the row's key
+    (seed, sample, position) and the vocabulary index: exact samples from softmax(logits / T)."""
+    if temperature == 0:
+        return logits.argmax(-1).cpu()
+    vocab = torch.arange(logits.shape[-1], dtype=torch.int64)
+    k = _hash32(_hash32(_hash32(keys[:, 0:1]) ^ keys[:, 1:2]) ^ keys[:, 2:3])  # [B, 1]
+    u = (_hash32(k * 0x9E37 + vocab[None, :]).double() + 0.5) / 2**32
+    gumbel = -torch.log(-torch.log(u)).float()
+    return (logits.float().cpu() / temperature + gumbel).argmax(-1)
 
 
 class _Batch:

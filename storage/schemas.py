@@ -96,14 +96,16 @@ TABLES: dict[str, pa.Schema] = {
         _f("round", pa.int32()),
         _f("prompt_id", pa.string()),
         _f("trace_id", pa.string()),
-        _f("origin", pa.string()),
-        _f("text", pa.string()),
-        _f("start_logprob", pa.float64()),
-        _f("end_logprob", pa.float64()),
+        _f("origin", pa.string()),  # 'reference' (the prompt's solution) | 'teacher'
+        _f("text", pa.string()),  # the shaped trace
+        _f("start_logprob", pa.float64(), True),  # mean per-token log-prob under the policy; null: not in C
+        _f("end_logprob", pa.float64(), True),
         _f("steps", pa.int32()),
-        _f("accept_rate", pa.float64()),
+        _f("accept_rate", pa.float64(), True),
         _f("correct", pa.bool_()),
         _f("tokens_changed", pa.int32()),
+        _f("variant", pa.string(), True),  # 'mh' | 'greedy'
+        _f("start_text", pa.string(), True),  # the off-policy trace the chain started from
     ]),
     "train_steps": pa.schema([
         _f("run_id", pa.string()),

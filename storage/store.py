@@ -154,7 +154,7 @@ class Store:
             folder = "/".join([tmp, name, *part, stage_dir])
             self.fs.makedirs(folder, exist_ok=True)
             jobs += [(f"{folder}/part-{i}.parquet", chunk) for i, chunk in enumerate(_split(t))]
-        with ThreadPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 1)) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
             list(pool.map(lambda job: self._write_parquet(*job), jobs))  # pyarrow releases the GIL
         fault_point("commit:written")
 

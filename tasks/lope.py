@@ -6,7 +6,8 @@ G - 1 of the group's failures, so at least one failure always stays and the grou
 
 A replaced rollout was sampled under the perturbed prompt, so it is off-policy for the plain prompt. It keeps
 the plain prompt's `prompt_text` (what the trainer conditions on) and records in `augmentation` the prefix it
-was sampled under and its behaviour log-prob; the trainer shapes its importance ratio as rho / (rho + 0.1)
+was sampled under, the rendered perturbed prompt (`behaviour_prompt`) and its behaviour log-prob; the
+trainer takes old log-probs under the behaviour prompt and shapes the importance ratio as rho / (rho + 0.1)
 (`is_lope_replaced`, `shaped_ratio`). Kept rollouts of a rescued group record the attempt, so SQL can count
 attempts, rescues and replacements per round.
 """
@@ -101,6 +102,7 @@ def lope_rescue(backend: Any, messages: list[list[dict]], correct: list[list[boo
     out = backend.generate(rendered, per_prefix, Sampling(sampling.temperature, sampling.top_p,
                                                          sampling.max_new_tokens, sampling.seed + 7919))
     stats.groups, stats.resamples = len(failed), len(jobs) * per_prefix
+    behaviour = {job: text for job, text in zip(jobs, rendered)}
     wins: dict[int, list[tuple[int, Completion]]] = {}
     for (i, p), samples in zip(jobs, out):
         for c in samples:
@@ -122,7 +124,7 @@ def lope_rescue(backend: Any, messages: list[list[dict]], correct: list[list[boo
                 correct[i][slot] = True
                 augmentation[i][slot] = _merge(augmentation[i][slot], {
                     "replaced": True, "prefix": p, "prefix_words": len(prefixes[p].split()),
-                    "behaviour_mean_logprob": c.mean_logprob})
+                    "behaviour_mean_logprob": c.mean_logprob, "behaviour_prompt": behaviour[(i, p)]})
             else:
                 augmentation[i][slot] = _merge(augmentation[i][slot], attempt)
     return stats

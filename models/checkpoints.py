@@ -1,0 +1,66 @@
+"""Versioned policy checkpoints: one folder per (run, policy_version), recorded in the store's `checkpoints`.
+
+Layout: `<store>/_checkpoints/run_id=<run>/v<version>/` (a transformers folder: config, safetensors weights,
+tokenizer). A folder is written under a temporary name and renamed into place; it only counts once the train
+stage that made it has landed its `checkpoints` row, so a crash mid-save leaves nothing a reader would use,
+and the rerun overwrites it. Version 0 is the run's starting model; its row points at the resolved base.
+For an object-store root the folders live in the local model cache instead (transformers loads local folders).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import polars as pl
+
+from storage.query import scan
+from storage.store import Store
+
+
+def checkpoint_root(store: Store) -> Path:
+    if store.local:
+        return Path(store.root, "_checkpoints")
+    from models.registry import cache_dir
+
+    return cache_dir() / "checkpoints" / store.root.replace("://", "_").replace("/", "_")
+
+
+def checkpoint_dir(store: Store, run_id: str, version: int) -> Path:
+    return checkpoint_root(store) / f"run_id={run_id}" / f"v{version}"
+
+
+def save_checkpoint(model, tokenizer, store: Store, run_id: str, version: int) -> Path:
+    """Write the model (full weights, or a LoRA model merged into them) and its tokenizer; return the folder."""
+    dest = checkpoint_dir(store, run_id, version)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".v{version}.{uuid.uuid4().hex}.tmp"
+    if hasattr(model, "merge_and_unload"):  # peft: a plain transformers checkpoint, loadable by every backend
+        model = model.merge_and_unload()
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if dest.exists():  # an unrecorded folder from a run that crashed before its train stage landed
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return dest
+
+
+def versions(store: Store, run_id: str) -> pl.DataFrame:
+    """The run's recorded checkpoints, oldest first."""
+    return (scan(store, "checkpoints").filter(pl.col("run_id") == run_id)
+            .unique(["run_id", "policy_version"]).sort("policy_version").collect())
+
+
+def policy_for_round(store: Store, run_id: str, round: int, base: str) -> tuple[int, str]:
+    """(policy_version, model spec) that samples round `round`: the newest checkpoint made before it, else the
+    configured base model as version 0."""
+    v = versions(store, run_id).filter((pl.col("round") < round) & (pl.col("policy_version") > 0))
+    if v.height == 0:
+        return 0, base
+    last = v.row(-1, named=True)
+    if not Path(last["path"]).is_dir():
+        raise FileNotFoundError(f"run {run_id}: checkpoint v{last['policy_version']} is recorded at {last['path']}, "
+                                "but that folder is gone")
+    return last["policy_version"], last["path"]

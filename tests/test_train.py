@@ -1,0 +1,94 @@
+"""GRPO: the loss against a hand-computed example, the advantages, a learning test on the tiny model, and
+the train stage's rows and checkpoints."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tasks.train import Sequence, group_advantages, grpo_token_terms, train_round
+
+
+def _example(lope=(False, False)):
+    ln = math.log
+    logp = torch.tensor([[ln(1.5), ln(0.5)], [ln(0.5), ln(3.0)]], requires_grad=True)
+    zeros = torch.zeros(2, 2)
+    return logp, zeros, torch.tensor([1.0, -2.0]), torch.tensor([[1.0, 1.0], [1.0, 0.0]]), torch.tensor(lope)
+
+
+def test_loss_matches_a_hand_computed_example():
+    """old = ref = 0, so rho = exp(logp). Row 0 (A = +1): rho 1.5 is clipped to 1.28 (-1.28), rho 0.5 is not
+    (-0.5). Row 1 (A = -2): rho 0.5 is clipped to 0.8 (+1.6); its second token is masked out.
+    k3 KL: exp(-logp) + logp - 1 = 0.0721318 + 0.3068528 + 0.3068528 over the three live tokens."""
+    logp, zeros, adv, mask, lope = _example()
+    t = grpo_token_terms(logp, zeros, zeros, adv, mask, lope, 0.2, 0.28, kl_coef=0.01)
+    kl = (1 / 1.5 + math.log(1.5) - 1) + 2 * (2 + math.log(0.5) - 1)
+    assert float(t["pg"]) == pytest.approx(-1.28 - 0.5 + 1.6)
+    assert float(t["kl"]) == pytest.approx(kl)
+    assert float(t["loss"]) == pytest.approx(-0.18 + 0.01 * kl)
+    assert float(t["clipped"]) == 2
+    # gradients: clipped tokens pass none through rho; the masked token gets none at all
+    t = grpo_token_terms(logp, zeros, zeros, adv, mask, lope, 0.2, 0.28, kl_coef=0.0)
+    t["loss"].backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([0.0, -0.5, 0.0, 0.0])
+
+
+def test_lope_rows_get_the_shaped_ratio_not_the_clip():
+    logp, zeros, adv, mask, lope = _example(lope=(True, False))
+    t = grpo_token_terms(logp, zeros, None, adv, mask, lope, 0.2, 0.28, kl_coef=0.0)
+    # row 0: -(rho / (rho + 0.1)) * A for rho 1.5 and 0.5; row 1 unchanged (+1.6)
+    assert float(t["pg"]) == pytest.approx(-(1.5 / 1.6) - (0.5 / 0.6) + 1.6)
+    assert float(t["clipped"]) == 1  # only row 1's token; shaped rows are never counted as clipped
+
+
+def test_group_advantages():
+    assert group_advantages([1.0, 1.0, 1.0]) is None
+    a = group_advantages([1.0, 0.0, 0.0, 0.0])
+    assert sum(a) == pytest.approx(0.0) and a[0] > 0 > a[1]
+    assert a[0] == pytest.approx(0.75 / math.sqrt(0.1875), rel=1e-5)
+    assert group_advantages([1.0, 0.0, 0.0, 0.0], scale_std=False) == pytest.approx([0.75, -0.25, -0.25, -0.25])
+
+
+CFG = SimpleNamespace(lr=1e-3, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
+                      rows_per_step=64, micro_batch=32, max_grad_norm=1.0)
+
+
+def _learn(target_rewarded: bool, rounds: int = 2) -> list[float]:
+    """Sample 16 prompts x 8 one-token answers at T = 0.3 from a fresh tiny model, reward the answers that are
+    (or, when not target_rewarded, are not) token 1866 (the tiny model's likeliest first token, about 20% of
+    samples), run a GRPO round, repeat. Returns the share of token 1866 before each round and at the end."""
+    from transformers import AutoModelForCausalLM
+
+    from models.backend import Sampling
+    from models.hf import TransformersBackend
+    from models.registry import resolve
+
+    path = resolve("tiny-random")
+    backend = TransformersBackend(path, dtype="fp32", batch_size=128)
+    ref = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    prompts = [backend.render([{"role": "user", "content": f"Question {i}: name a token."}]) for i in range(16)]
+    ids = backend.encode(prompts)
+    shares = []
+    for it in range(rounds + 1):
+        out = backend.generate(prompts, 8, Sampling(0.3, 1.0, 1, seed=100 + it))
+        hits = [[bool(c.token_ids) and c.token_ids[0] == 1866 for c in g] for g in out]
+        shares.append(sum(map(sum, hits)) / 128)
+        if it == rounds:
+            break
+        seqs = []
+        for p, g, h in zip(ids, out, hits):
+            adv = group_advantages([float(x == target_rewarded) for x in h])
+            if adv is not None:
+                seqs += [Sequence(p, c.token_ids, a) for c, a in zip(g, adv) if c.token_ids]
+        rows = train_round(backend.model, ref, seqs, [], CFG, backend.pad_id, seed=it)
+        assert len(rows) == -(-len(seqs) // CFG.rows_per_step)  # all groups constant: nothing to train, no step
+        assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
+    return shares
+
+
+def test_grpo_learns_a_fixed_token_and_unlearns_it_when_the_sign_flips():
+    up = _learn(target_rewarded=True)
+    assert 0.1 < up[0] < 0.35 and up[-1] > 0.75  # measured: 0.21 -> 0.84 -> 0.93
+    down = _learn(target_rewarded=False)
+    assert down[0] == up[0] and down[-1] < 0.05
