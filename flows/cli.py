@@ -71,6 +71,17 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(a: argparse.Namespace) -> int:
+    _prepare_prefect(a.store, a.verbose)
+    from flows.evaluate import evaluate
+
+    out = evaluate(run_id=a.run_id, checkpoint=a.checkpoint, store=a.store)
+    for e in out["evals"]:
+        print(f"run {out['run_id']} v{e['policy_version']} (round {e['round']}, {e['split']}, {e['n_prompts']} "
+              f"prompts): pass@1 {e['pass_at_1']:.3f}, pass@{e['k']} {e['pass_at_k']:.3f}")
+    return 0
+
+
 def print_summary(out: dict) -> None:
     from storage.query import sql
     from storage.store import Store
@@ -85,11 +96,22 @@ def print_summary(out: dict) -> None:
             lope = s.get("lope") or {}
             if lope.get("groups"):
                 print(f"round {s['round']}: LoPE resampled {lope['groups']} all-fail groups ({lope['resamples']} "
-                      f"samples), rescued {lope['rescued']}, replaced {lope['replaced']} rollouts")
+                      f"samples, {lope.get('seconds', 0):.0f} s), rescued {lope['rescued']}, replaced {lope['replaced']} rollouts")
         elif s["stage"] == "select" and "clusters" in s:
             print(f"round {s['round']}: selected {s['selected']} of {s['candidates']} over {s['clusters']} clusters "
                   f"({s['selected_unscored']} never scored; scored ones: mean EPS {s['mean_eps_selected']:.3f} "
                   f"vs {s['mean_eps_pool']:.3f} over the candidates)")
+        elif s["stage"] == "shape":
+            print(f"round {s['round']}: shaped {s['in_c']} of {s['traces']} off-policy traces (acceptance "
+                  f"{s['accept_rate'] if s['accept_rate'] is not None else '-'}, mean log-prob gain "
+                  f"{s['logprob_gain'] if s['logprob_gain'] is not None else '-'})")
+        elif s["stage"] == "train":
+            print(f"round {s['round']}: trained v{s['policy_version']} in {s['steps']} steps on {s['sequences']} "
+                  f"sequences ({s['zero_variance_groups']} zero-variance groups skipped, {s['sft_traces']} SFT "
+                  f"traces), loss {s['first_loss']} -> {s['last_loss']}, {s['tokens_per_s']:.0f} tokens/s")
+        elif s["stage"] == "evaluate":
+            for v, m in sorted(s["versions"].items()):
+                print(f"round {s['round']}: held-out v{v}: " + ", ".join(f"{k} {x:.3f}" for k, x in m.items()))
         elif s["stage"] == "refine":
             detail = ", ".join(f"{k} {v}" for k, v in sorted(s["by_strategy"].items()))
             print(f"round {s['round']}: refine made {s['children']} children ({detail})")
@@ -219,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("catalog", parents=[common], help="write <store>/catalog.duckdb with the same views")
     c.set_defaults(func=cmd_catalog)
+
+    e = sub.add_parser("eval", parents=[common], help="held-out pass@1 / pass@k of a run's checkpoint")
+    e.add_argument("--run-id", default=None, help="default: the newest run")
+    e.add_argument("--checkpoint", type=int, default=None, help="policy_version (default: the newest)")
+    e.set_defaults(func=cmd_eval)
 
     lg = sub.add_parser("lineage", parents=[common], help="a prompt's ancestors and descendants")
     lg.add_argument("prompt_id")

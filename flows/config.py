@@ -74,7 +74,7 @@ class RolloutConfig(Section):
     lope_prefixes: int = Field(6, ge=0, le=64, description="LoPE: Lorem-Ipsum system prefixes per all-fail "
                                "group (0: off)")
     lope_samples: int = Field(4, ge=0, le=64, description="LoPE: resamples per prefix")
-    lope_max_groups: int = Field(16, ge=0, le=1_000_000, description="LoPE: all-fail groups resampled per round")
+    lope_max_groups: int = Field(4, ge=0, le=1_000_000, description="LoPE: all-fail groups resampled per round")
     include_reserve: bool = Field(False, description="reserve prompts are candidates too (default: only the "
                                   "rescore flow re-probes them)")
 

@@ -1,11 +1,14 @@
-"""The curriculum flow: R rounds of pool -> select -> collect -> score -> refine over one experience store.
+"""The curriculum flow: R rounds of pool -> select -> collect -> score -> refine -> shape -> train -> evaluate
+over one experience store.
 
 Choices, and why:
 - Every stage is a Prefect task that commits one store partition and returns a small summary; large data
   never passes through Prefect results.
 - Resume is store-driven: a stage whose commit record exists is skipped, so rerunning a run_id continues at
   the first stage that has not landed, whatever killed it.
-- Until training lands, every round samples the same policy (policy_version 0).
+- Round r samples the newest checkpoint trained before it (version r with training on, else the base model as
+  version 0); training writes version r + 1, which the evaluate stage scores on the held-out split (round 0
+  also scores version 0, so the eval curve starts at the base model).
 - Selection (k-means over prompt embeddings, weighted by last round's EPS) picks each round's batch from
   the active pool; selector 'all' collects the whole pool instead.
 """
@@ -18,15 +21,18 @@ from datetime import UTC, datetime
 from prefect import flow
 
 from flows.config import RunConfig
+from models.checkpoints import policy_for_round
 from storage.store import Store, default_root
+from tasks.evaluate import evaluate_task
 from tasks.pool import pool_task
 from tasks.refine import refine_task
 from tasks.rollout import collect_task
 from tasks.runs import mark, stored_config
 from tasks.select import select_task
+from tasks.shape import shape_task
+from tasks.train import train_task
 from tasks.utility import score_task
 
-POLICY_VERSION = 0
 _RESUMABLE = {"rounds", "run_id", "store"}  # fields a resumed run may change
 
 
@@ -56,18 +62,34 @@ def curriculum(config: RunConfig) -> dict:
     stages: list[dict] = []
     t0 = time.perf_counter()
     try:
+        base = config.model.policy
         for r in range(config.rounds):
-            stages.append(pool_task(store.uri, config.run_id, r, config.pool.sources, config.pool.seed))
+            version, spec = policy_for_round(store, config.run_id, r, base)
+            model_r = config.model.model_copy(update={"policy": spec})
+            heldout = config.eval.heldout_fraction if config.eval.enabled else 0.0
+            stages.append(pool_task(store.uri, config.run_id, r, config.pool.sources, config.pool.seed, heldout,
+                                    config.eval.seed))
             selecting = config.select.selector != "all"
             if selecting:
-                stages.append(select_task(store.uri, config.run_id, r, config.select, config.model,
+                stages.append(select_task(store.uri, config.run_id, r, config.select, model_r,
                                           config.rollout.include_reserve))
-            stages.append(collect_task(store.uri, config.run_id, r, POLICY_VERSION, config.model, config.rollout,
+            stages.append(collect_task(store.uri, config.run_id, r, version, model_r, config.rollout,
                                        config.reward, selecting, config.rounds))
             u = config.utility
             stages.append(score_task(store.uri, config.run_id, r, u.beta, u.tau, u.eps))
             if config.refine.strategies and r + 1 < config.rounds:  # children of the last round would never run
-                stages.append(refine_task(store.uri, config.run_id, r, config.refine, config.model))
+                stages.append(refine_task(store.uri, config.run_id, r, config.refine, model_r))
+            if config.shape.enabled:
+                stages.append(shape_task(store.uri, config.run_id, r, spec, config.shape, model_r, config.rollout,
+                                         config.reward, config.refine.teacher, config.refine.teacher_max_new_tokens))
+            if config.train.enabled:
+                stages.append(train_task(store.uri, config.run_id, r, version, spec, base, config.train, model_r,
+                                         config.rollout))
+            if config.eval.enabled:
+                new = policy_for_round(store, config.run_id, r + 1, base)
+                versions = ([(0, base)] if r == 0 and new[0] != 0 else []) + [new]
+                stages.append(evaluate_task(store.uri, config.run_id, r, versions, config.eval, config.model,
+                                            config.rollout, config.reward))
     except BaseException:
         mark(store, config.run_id, "failed", config.model_dump(mode="json"))
         raise

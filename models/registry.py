@@ -135,13 +135,18 @@ def resolve(spec: str) -> str:
 
 
 _LOADED: dict[tuple, object] = {}
+MAX_LOADED = 2  # backends kept per process (policy and teacher), least recently used dropped
 
 
 def load_backend(policy: str = "default", backend: str = "transformers", device: str = "cpu", dtype: str = "auto",
                  batch_size: int = 64):
     """A generation backend for `policy`, loaded once per process (weights are read-only between rounds)."""
     key = (policy, backend, device, dtype, batch_size)
-    if key not in _LOADED:
+    if key in _LOADED:
+        _LOADED[key] = _LOADED.pop(key)  # most recently used last
+    else:
+        while len(_LOADED) >= MAX_LOADED:  # a run moves to a new checkpoint each round: drop the oldest
+            _LOADED.pop(next(iter(_LOADED)))
         path = resolve(policy)
         if backend == "transformers":
             from models.hf import TransformersBackend
@@ -154,6 +159,15 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
         else:
             raise ModelSpecError(f"unknown backend {backend!r}: use transformers or vllm")
     return _LOADED[key]
+
+
+def release_backends() -> None:
+    """Drop every cached backend (the train stage frees their memory before it builds optimizer state; the
+    next round loads the new checkpoint anyway)."""
+    import gc
+
+    _LOADED.clear()
+    gc.collect()
 
 
 def load_teacher(spec: str, model_cfg):

@@ -76,6 +76,7 @@ class Rescue:
     rescued: int = 0  # of which at least one resample was correct
     replaced: int = 0  # rollouts replaced
     resamples: int = 0  # sequences generated
+    seconds: float = 0.0
 
 
 def _merge(record: str | None, lope: dict) -> str:

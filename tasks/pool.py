@@ -1,7 +1,7 @@
 """Pool stage: the run's prompt membership for a round (ALGORITHMS.md §2).
 
-Round 0 lands the configured sources (ingestion is idempotent: content-addressed ids) and makes every one
-of their prompts active. Later rounds derive membership from the previous round's pool and scores
+Round 0 lands the configured sources (ingestion is idempotent: content-addressed ids) and makes their
+prompts active, except a held-out share (status 'heldout', fixed for the run; tasks/evaluate.py). Later rounds derive membership from the previous round's pool and scores
 (`utility.next_pool`): non-informative originals go to reserve, reserve prompts that recover come back.
 """
 
@@ -14,11 +14,13 @@ from prefect import task
 
 from storage.query import scan
 from storage.store import Store
+from tasks.evaluate import heldout_roots
 from tasks.ingest import commit_prompts, load_source
 from tasks.utility import next_pool
 
 
-def initial_pool(store: Store, run_id: str, sources: list[Any], seed: int) -> pl.DataFrame:
+def initial_pool(store: Store, run_id: str, sources: list[Any], seed: int, heldout_fraction: float = 0.0,
+                 heldout_seed: int = 0) -> pl.DataFrame:
     ids: list[str] = []
     for spec in sources:
         rows, bad = load_source(spec.source, spec.size, seed, dict(spec.params))
@@ -27,17 +29,20 @@ def initial_pool(store: Store, run_id: str, sources: list[Any], seed: int) -> pl
         commit_prompts(store, rows)
         ids += [r.prompt_id for r in rows]
     unique = sorted(set(ids))
+    heldout = heldout_roots(unique, heldout_fraction, heldout_seed)  # round-0 prompts are their own roots
     return pl.DataFrame({"run_id": [run_id] * len(unique), "round": [0] * len(unique), "prompt_id": unique,
-                         "status": ["active"] * len(unique), "level": [None] * len(unique)},
+                         "status": ["heldout" if p in heldout else "active" for p in unique],
+                         "level": [None] * len(unique)},
                         schema={"run_id": pl.String, "round": pl.Int32, "prompt_id": pl.String,
                                 "status": pl.String, "level": pl.String})
 
 
-def build_pool(store: Store, run_id: str, round: int, sources: list[Any], seed: int) -> dict:
+def build_pool(store: Store, run_id: str, round: int, sources: list[Any], seed: int, heldout_fraction: float = 0.0,
+               heldout_seed: int = 0) -> dict:
     if store.landed(run_id, round, "pool"):
         return {"stage": "pool", "round": round, "skipped": "already landed"}
     if round == 0:
-        pool = initial_pool(store, run_id, sources, seed)
+        pool = initial_pool(store, run_id, sources, seed, heldout_fraction, heldout_seed)
     else:
         def prev(table: str) -> pl.DataFrame:
             return scan(store, table).filter((pl.col("run_id") == run_id) & (pl.col("round") == round - 1)).collect()
@@ -49,5 +54,6 @@ def build_pool(store: Store, run_id: str, round: int, sources: list[Any], seed: 
 
 
 @task(name="pool")
-def pool_task(store_uri: str, run_id: str, round: int, sources: list[Any], seed: int) -> dict:
-    return build_pool(Store(store_uri), run_id, round, sources, seed)
+def pool_task(store_uri: str, run_id: str, round: int, sources: list[Any], seed: int, heldout_fraction: float = 0.0,
+              heldout_seed: int = 0) -> dict:
+    return build_pool(Store(store_uri), run_id, round, sources, seed, heldout_fraction, heldout_seed)

@@ -91,6 +91,8 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
             fault_point("collect:mid")  # test hook: a fault test kills the process here, mid-collection
 
         groups = backend.generate(rendered, rollout_cfg.group_size, sampling, progress=on_progress)
+    seconds = time.perf_counter() - t0
+    n_tokens = sum(c.n_tokens for g in groups for c in g)  # the sampling pass's own tokens (LoPE reported apart)
     checked = verdicts(prompts, groups, reward_cfg)
     augs = [[a] * len(g) for a, g in zip(augmentation, groups)]
     rescue = Rescue()
@@ -103,19 +105,19 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
             return v.reward, v.correct
 
         correct = [[v.correct for v in vs] for vs in checked]
+        t1 = time.perf_counter()
         rescue = lope_rescue(backend, messages, correct, groups, augs, sampling, verify_one,
                              rollout_cfg.lope_prefixes, rollout_cfg.lope_samples, rollout_cfg.lope_max_groups)
+        rescue.seconds = time.perf_counter() - t1
         if rescue.replaced:
             checked = verdicts(prompts, groups, reward_cfg)
-    seconds = time.perf_counter() - t0
     table = rollout_table(prompts, groups, rendered, augs, checked, run_id, round, policy_version)
     store.commit("collect", {"rollouts": table}, run_id=run_id, round=round)
-    n_tokens = sum(table["n_tokens"].to_pylist())
     return {"stage": "collect", "round": round, "prompts": prompts.height, "rollouts": table.num_rows,
             "tokens": n_tokens, "seconds": sig4(seconds), "tokens_per_s": sig4(n_tokens / max(seconds, 1e-9)),
             "pass_rate": sig4(sum(table["correct"].to_pylist()) / max(table.num_rows, 1)),
             "lope": {"groups": rescue.groups, "rescued": rescue.rescued, "replaced": rescue.replaced,
-                     "resamples": rescue.resamples}}
+                     "resamples": rescue.resamples, "seconds": sig4(rescue.seconds)}}
 
 
 @task(name="collect")

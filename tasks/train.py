@@ -258,7 +258,7 @@ def train(store: Store, run_id: str, round: int, policy_version: int, policy: st
     """The train stage of (run_id, round): GRPO on the round's rollouts + SFT on its shaped traces, then a new
     checkpoint. `policy` sampled the round (version `policy_version`); `base` (version 0) is the KL reference."""
     from models.checkpoints import save_checkpoint
-    from models.registry import resolve
+    from models.registry import release_backends, resolve
 
     if store.landed(run_id, round, "train"):
         return {"stage": "train", "round": round, "skipped": "already landed"}
@@ -268,6 +268,7 @@ def train(store: Store, run_id: str, round: int, policy_version: int, policy: st
     shaped = scan(store, "shaped_traces").filter(this & pl.col("correct")).select("prompt_id", "text").collect()
     device = model_cfg.device
     path = resolve(policy)
+    release_backends()  # the sampling backends' weights are not needed while training
     model, tokenizer = load_trainable(path, cfg, device)
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id

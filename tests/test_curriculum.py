@@ -32,8 +32,36 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     from flows.curriculum import curriculum
 
     out = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
-    assert [s["stage"] for s in out["stages"]] == ["pool", "select", "collect", "score", "refine",
-                                                   "pool", "select", "collect", "score"]
+    full = ["pool", "select", "collect", "score", "refine", "shape", "train", "evaluate"]
+    assert [s["stage"] for s in out["stages"]] == full + [s for s in full if s != "refine"]
+    # the chain of policy versions, one per round, each with its parent, and an evaluation of each
+    chain = sql(store, "SELECT policy_version, parent_version, round FROM checkpoints WHERE run_id = 'e2e' "
+                       "ORDER BY policy_version").to_pylist()
+    assert chain == [{"policy_version": 0, "parent_version": None, "round": 0},
+                     {"policy_version": 1, "parent_version": 0, "round": 0},
+                     {"policy_version": 2, "parent_version": 1, "round": 1}]
+    evals = sql(store, "SELECT round, policy_version, n_prompts, k, pass_at_1 FROM evals WHERE run_id = 'e2e' "
+                       "ORDER BY round, policy_version").to_pylist()
+    assert [(e["round"], e["policy_version"]) for e in evals] == [(0, 0), (0, 1), (1, 2)]
+    assert all(e["n_prompts"] == 2 and e["k"] == 4 and 0 <= e["pass_at_1"] <= 1 for e in evals)
+    # round 1 sampled version 1; the held-out prompts were never collected
+    assert sql(store, "SELECT DISTINCT round, policy_version FROM rollouts WHERE run_id = 'e2e' ORDER BY 1"
+               ).to_pylist() == [{"round": 0, "policy_version": 0}, {"round": 1, "policy_version": 1}]
+    import contextlib
+    import io
+
+    from flows.cli import main
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["eval", "--run-id", "e2e", "--checkpoint", "1", "--store", store.root]) == 0
+    lines = buf.getvalue().splitlines()  # the flow's own round-0 evaluation of v1, and this one: same seed
+    assert len(lines) == 2 and lines[0] == lines[1] and "v1 (round 0, heldout, 2 prompts): pass@1" in lines[0]
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        assert main(["eval", "--run-id", "e2e", "--checkpoint", "7", "--store", store.root]) == 1
+    assert "no checkpoint 7; it has 0, 1, 2" in err.getvalue()
+    assert sql(store, """SELECT count(*) AS n FROM rollouts r JOIN pool p ON p.prompt_id = r.prompt_id
+                         AND p.run_id = r.run_id AND p.status = 'heldout'""").to_pylist() == [{"n": 0}]
     per_prompt = sql(store, """SELECT r.round, r.prompt_id, count(*) AS n, any_value(s.bucket) AS bucket,
                                       any_value(s.eps) AS eps
                                FROM rollouts r JOIN prompt_scores s USING (run_id, round, prompt_id)
@@ -50,6 +78,9 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     assert counts["rollouts"] == counts["distinct_rollouts"] == 48 and counts["scores"] == 12
     children = sql(store, "SELECT count(*) AS n FROM refinements WHERE run_id = 'e2e' AND accepted").to_pylist()[0]["n"]
     assert children > 0 and counts["pool"] == 8 + 8 + children  # round 1's pool holds the accepted children
+    # 2 of the 8 roots are held out (eval.heldout_fraction 0.2 of 8, rounded), in both rounds
+    assert sql(store, "SELECT round, count(*) AS n FROM pool WHERE run_id = 'e2e' AND status = 'heldout' "
+                      "GROUP BY 1 ORDER BY 1").to_pylist() == [{"round": 0, "n": 2}, {"round": 1, "n": 2}]
     # lineage: a refined root shows its children, with per-round scores and statuses
     import json as _json
 
@@ -117,7 +148,8 @@ def test_one_round_on_the_embedded_model(prefect_api, store):
     """The real default policy on real reasoning-gym prompts: it solves some, with sane log-probs."""
     from flows.curriculum import curriculum
 
-    sets = ["rollout.group_size=2", "rollout.max_new_tokens=32", "select.selector=all",
+    sets = ["rollout.group_size=2", "rollout.max_new_tokens=32", "select.selector=all", "rollout.lope_prefixes=0",
+            "shape.enabled=false", "train.enabled=false", "eval.enabled=false",
             'pool.sources=[{"source": "rg:products", "size": 10, "params": {"max_digits": 1}}]']
     curriculum(load_config(sets=sets, run_id="real", store=store.root, rounds=1))
     t = sql(store, """SELECT count(*) AS n, sum(correct::INT) AS solved, max(mean_logprob) AS best_lp,

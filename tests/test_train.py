@@ -92,3 +92,66 @@ def test_grpo_learns_a_fixed_token_and_unlearns_it_when_the_sign_flips():
     assert 0.1 < up[0] < 0.35 and up[-1] > 0.75  # measured: 0.21 -> 0.84 -> 0.93
     down = _learn(target_rewarded=False)
     assert down[0] == up[0] and down[-1] < 0.05
+
+
+def test_train_stage_lands_steps_and_a_new_checkpoint(store):
+    """Round 0 of a run with mixed groups on the tiny model: the stage trains, saves version 1 as a real
+    checkpoint whose weights differ from the base, records the chain, and a rerun does nothing."""
+    import pyarrow as pa
+    from test_curriculum import TINY
+    from transformers import AutoModelForCausalLM
+
+    from flows.config import load_config
+    from models.checkpoints import checkpoint_dir, policy_for_round
+    from models.registry import resolve
+    from storage.query import sql
+    from tasks.train import train
+
+    cfg = load_config(sets=[*TINY, "train.lr=1e-3", "train.rows_per_step=8", "train.micro_batch=4"])
+    rows = []
+    for p in range(4):
+        for j in range(4):
+            rows.append({"run_id": "t", "round": 0, "policy_version": 0, "prompt_id": f"p{p}", "sample_idx": j,
+                         "prompt_text": f"<|im_start|>user\nQuestion {p}<|im_end|>\n<|im_start|>assistant\n",
+                         "completion": ["yes", "no", "maybe so", "fine"][j], "reward": float(j % 2 == p % 2),
+                         "correct": j % 2 == p % 2, "n_tokens": 1, "mean_logprob": -1.0,
+                         "finish_reason": "stop", "augmentation": None})
+    rows += [dict(rows[0], prompt_id="flat", sample_idx=j, reward=0.0, correct=False) for j in range(4)]
+    store.commit("collect", {"rollouts": pa.Table.from_pylist(rows)}, run_id="t", round=0)
+    out = train(store, "t", 0, 0, "tiny-random", "tiny-random", cfg.train, cfg.model, cfg.rollout)
+    assert out["steps"] == 2 and out["sequences"] == 16 and out["zero_variance_groups"] == 1
+    steps = sql(store, "SELECT step, loss, kl, grad_norm, n_tokens, policy_version FROM train_steps ORDER BY step"
+                ).to_pylist()
+    assert [s["step"] for s in steps] == [0, 1] and all(s["policy_version"] == 1 for s in steps)
+    assert all(math.isfinite(s["loss"]) and s["grad_norm"] > 0 and s["n_tokens"] > 0 for s in steps)
+    assert policy_for_round(store, "t", 1, "tiny-random") == (1, str(checkpoint_dir(store, "t", 1)))
+    new = AutoModelForCausalLM.from_pretrained(checkpoint_dir(store, "t", 1))
+    old = AutoModelForCausalLM.from_pretrained(resolve("tiny-random"))
+    assert not torch.equal(new.lm_head.weight, old.lm_head.weight)
+    assert train(store, "t", 0, 0, "tiny-random", "tiny-random", cfg.train, cfg.model, cfg.rollout)["skipped"]
+
+
+def test_lora_mode_trains_adapters_and_saves_a_merged_checkpoint(store):
+    import pyarrow as pa
+    from test_curriculum import TINY
+    from transformers import AutoModelForCausalLM
+
+    from flows.config import load_config
+    from models.checkpoints import checkpoint_dir
+    from models.registry import resolve
+    from tasks.train import train
+
+    cfg = load_config(sets=[*TINY, "train.mode=lora", "train.lr=1e-2", "train.lora_rank=4"])
+    rows = [{"run_id": "l", "round": 0, "policy_version": 0, "prompt_id": "p", "sample_idx": j,
+             "prompt_text": "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n", "completion": f"answer {j}",
+             "reward": float(j == 0), "correct": j == 0, "n_tokens": 2, "mean_logprob": -1.0,
+             "finish_reason": "stop", "augmentation": None} for j in range(4)]
+    store.commit("collect", {"rollouts": pa.Table.from_pylist(rows)}, run_id="l", round=0)
+    assert train(store, "l", 0, 0, "tiny-random", "tiny-random", cfg.train, cfg.model, cfg.rollout)["steps"] == 1
+    folder = checkpoint_dir(store, "l", 1)
+    assert not (folder / "adapter_config.json").exists()  # merged: a plain checkpoint every backend loads
+    new = AutoModelForCausalLM.from_pretrained(folder)
+    old = AutoModelForCausalLM.from_pretrained(resolve("tiny-random"))
+    q_new, q_old = new.model.layers[0].self_attn.q_proj.weight, old.model.layers[0].self_attn.q_proj.weight
+    assert not torch.equal(q_new, q_old)
+    assert torch.equal(new.model.embed_tokens.weight, old.model.embed_tokens.weight)  # LoRA leaves these alone
