@@ -27,8 +27,8 @@ import torch  # noqa: E402
 
 from models.hf import TransformersBackend  # noqa: E402
 from models.registry import resolve  # noqa: E402
+from tasks.mcmc import CONTINUE, Trace, shape_traces  # noqa: E402
 from tasks.rewards import verify  # noqa: E402
-from tasks.shape import CONTINUE, Trace, shape_traces  # noqa: E402
 
 
 def make_traces(b: TransformersBackend, n: int) -> list[Trace]:
@@ -78,9 +78,9 @@ def main() -> None:
             generated = [0]
             orig = b.generate_ids
 
-            def counting(*args, _orig=orig, **kw):
+            def counting(*args, _orig=orig, _generated=generated, **kw):
                 out = _orig(*args, **kw)
-                generated[0] += sum(c.n_tokens for g in out for c in g)
+                _generated[0] += sum(c.n_tokens for g in out for c in g)
                 return out
 
             b.generate_ids = counting

@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["tasks.lope", "tasks.ladder", "tasks.train", "tasks.shape", "tasks.evaluate", "tasks.refine",
+MODULES = ["tasks.lope", "tasks.ladder", "tasks.grpo", "tasks.mcmc", "tasks.evaluate", "tasks.refine",
            "tasks.fewshot", "tasks.gate", "tasks.rewards"]
 
 

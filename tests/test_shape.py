@@ -6,7 +6,7 @@ import math
 import pytest
 
 from models.backend import Sampling
-from tasks.shape import Trace, shape_traces, tokens_changed
+from tasks.mcmc import Trace, shape_traces, tokens_changed
 
 
 def _setup(backend, n, in_c, start_len=5):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tasks.train import Sequence, group_advantages, grpo_token_terms, train_round
+from tasks.grpo import Sequence, group_advantages, grpo_token_terms, train_round
 
 
 def _example(lope=(False, False)):

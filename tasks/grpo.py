@@ -1,0 +1,192 @@
+"""GRPO (ALGORITHMS.md §6) on plain torch: the loss, advantages and one training pass. No store, no Prefect,
+so a worker that only has torch and transformers (a GPU box, a torchrun rank) can import it; the train stage
+(tasks/train.py) feeds it from the store. See tasks/train.py for the method's summary.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from models.hf import _autocast
+from tasks.lope import RATIO_FLOOR
+
+
+@dataclass
+class Sequence:
+    """One training sequence: prompt and completion token ids, its advantage, and for a LoPE-replaced rollout
+    the prompt it was actually sampled under."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    advantage: float = 0.0
+    behaviour_ids: list[int] | None = None
+
+
+def group_advantages(rewards: list[float], scale_std: bool = True, eps: float = 1e-6) -> list[float] | None:
+    """(r - mean) / (std + 1e-6) per group, or None for a zero-variance group.
+
+    >>> group_advantages([1.0, 0.0, 0.0, 1.0])
+    [0.999998000004, -0.999998000004, -0.999998000004, 0.999998000004]
+    >>> group_advantages([0.5, 0.5]) is None, group_advantages([1.0, 0.0], scale_std=False)
+    (True, [0.5, -0.5])
+    """
+    n = len(rewards)
+    mean = sum(rewards) / n
+    std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
+    if std <= eps:
+        return None
+    return [(r - mean) / (std + 1e-6) if scale_std else r - mean for r in rewards]
+
+
+def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+                        device: str = "cpu", dtype: str = "fp32", entropy: bool = False):
+    """Per-token log-probs of each completion given its prompt, right-padded to [B, T], with the mask
+    (and, with `entropy`, each position's full-distribution entropy, without gradient). The output layer
+    runs only on completion positions, so [B, L, vocab] logits never exist."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    decoder, head = base.get_decoder(), base.get_output_embeddings()
+    seqs = [p + c for p, c in zip(prompts, completions)]
+    width = max(len(s) for s in seqs)
+    t_max = max(len(c) for c in completions)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    pos = torch.zeros((len(seqs), t_max), dtype=torch.long)
+    tgt = torch.zeros((len(seqs), t_max), dtype=torch.long)
+    mask = torch.zeros((len(seqs), t_max))
+    for r, (p, c) in enumerate(zip(prompts, completions)):
+        ids[r, : len(p) + len(c)] = torch.tensor(p + c)
+        attn[r, : len(p) + len(c)] = 1
+        pos[r, : len(c)] = torch.arange(len(p) - 1, len(p) + len(c) - 1)
+        tgt[r, : len(c)] = torch.tensor(c)
+        mask[r, : len(c)] = 1
+    with _autocast(device, dtype):
+        hidden = decoder(input_ids=ids.to(device), attention_mask=attn.to(device)).last_hidden_state
+    h = hidden.gather(1, pos.to(device)[..., None].expand(-1, -1, hidden.shape[-1]))
+    logits = head(h.to(head.weight.dtype)).float()
+    logp_all = F.log_softmax(logits, -1)
+    logp = logp_all.gather(2, tgt.to(device)[..., None])[..., 0]
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, mask.to(device), ent
+
+
+def grpo_token_terms(logp, old_logp, ref_logp, adv, mask, lope, eps_low: float = 0.2, eps_high: float = 0.28,
+                     kl_coef: float = 0.01) -> dict:
+    """Masked *sums* over tokens of the GRPO terms, so micro-batches can be accumulated and divided by the
+    optimizer step's token count. Shapes: [B, T] for log-probs and mask, [B] for adv and lope (bool).
+    Returns loss (pg + kl_coef * kl), pg, kl and clipped (token counts where the clip is active)."""
+    ratio = torch.exp(logp - old_logp)
+    a = adv[:, None]
+    unclipped = ratio * a
+    clipped = torch.clamp(ratio, 1 - eps_low, 1 + eps_high) * a
+    pg = -torch.minimum(unclipped, clipped)
+    lope = lope[:, None].expand_as(pg)
+    pg = torch.where(lope, -(ratio / (ratio + RATIO_FLOOR)) * a, pg)
+    if ref_logp is not None and kl_coef > 0:
+        d = ref_logp - logp
+        kl = torch.exp(d) - d - 1
+    else:
+        kl = torch.zeros_like(logp)
+    clip_active = (clipped < unclipped) & ~lope  # the min picked the clipped branch: no gradient through rho
+    return {"loss": ((pg + kl_coef * kl) * mask).sum(), "pg": (pg * mask).sum(), "kl": (kl * mask).sum(),
+            "clipped": (clip_active.float() * mask).sum()}
+
+
+def _pad(rows: list[torch.Tensor], t: int, device: str) -> torch.Tensor:
+    out = torch.zeros((len(rows), t))
+    for r, x in enumerate(rows):
+        out[r, : len(x)] = x
+    return out.to(device)
+
+
+@torch.no_grad()
+def _logprobs(model, prompts, comps, pad_id, device, dtype, micro: int) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for k in range(0, len(prompts), micro):
+        lp, mask, _ = completion_logprobs(model, prompts[k : k + micro], comps[k : k + micro], pad_id, device, dtype)
+        out += [lp[r, : int(mask[r].sum())].cpu() for r in range(lp.shape[0])]
+    return out
+
+
+def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg: Any, pad_id: int,
+                device: str = "cpu", dtype: str = "fp32", seed: int = 0, on_step=None) -> list[dict]:
+    """One pass of GRPO (+ SFT) over `seqs` (and `sft`), `cfg.rows_per_step` sequences per optimizer step.
+    Returns a stats row per step. The model is updated in place."""
+    if not seqs and not (sft and cfg.sft_weight > 0):
+        return []
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    micro = cfg.micro_batch
+    model.eval()
+    old = _logprobs(model, [s.behaviour_ids or s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
+                    pad_id, device, dtype, micro)
+    ref = (_logprobs(ref_model, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs], pad_id, device,
+                     dtype, micro) if ref_model is not None and cfg.kl_coef > 0 else None)
+    order = list(range(len(seqs)))
+    rng.shuffle(order)
+    n_steps = max(1, -(-len(seqs) // cfg.rows_per_step))
+    sft_order = list(range(len(sft))) if cfg.sft_weight > 0 else []
+    rng.shuffle(sft_order)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
+    model.train()
+    rows = []
+    for step in range(n_steps):
+        t0 = time.perf_counter()
+        chunk = order[step * cfg.rows_per_step : (step + 1) * cfg.rows_per_step]
+        sft_chunk = sft_order[step::n_steps]
+        opt.zero_grad(set_to_none=True)
+        tokens = sum(len(seqs[i].completion_ids) for i in chunk)
+        sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "entropy": 0.0}
+        for k in range(0, len(chunk), micro):
+            batch = [seqs[i] for i in chunk[k : k + micro]]
+            idx = chunk[k : k + micro]
+            logp, mask, ent = completion_logprobs(model, [s.prompt_ids for s in batch],
+                                                  [s.completion_ids for s in batch], pad_id, device, dtype, True)
+            t = logp.shape[1]
+            terms = grpo_token_terms(
+                logp, _pad([old[i] for i in idx], t, device), _pad([ref[i] for i in idx], t, device) if ref else None,
+                torch.tensor([s.advantage for s in batch], device=device), mask,
+                torch.tensor([s.behaviour_ids is not None for s in batch], device=device),
+                cfg.eps_low, cfg.eps_high, cfg.kl_coef)
+            (terms["loss"] / tokens).backward()
+            for key in ("loss", "pg", "kl", "clipped"):
+                sums[key] += float(terms[key].detach())
+            sums["entropy"] += float((ent * mask).sum())
+        sft_loss = None
+        if sft_chunk:
+            sft_tokens = sum(len(sft[i].completion_ids) for i in sft_chunk)
+            nll = 0.0
+            for k in range(0, len(sft_chunk), micro):
+                batch = [sft[i] for i in sft_chunk[k : k + micro]]
+                logp, mask, _ = completion_logprobs(model, [s.prompt_ids for s in batch],
+                                                    [s.completion_ids for s in batch], pad_id, device, dtype)
+                part = -(logp * mask).sum()
+                (cfg.sft_weight * part / sft_tokens).backward()
+                nll += float(part)
+            sft_loss = nll / sft_tokens
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        opt.step()
+        denom = max(tokens, 1)
+        pg_loss = sums["pg"] / denom if tokens else 0.0
+        loss = sums["loss"] / denom + (cfg.sft_weight * sft_loss if sft_loss is not None else 0.0)
+        rows.append({"step": step, "loss": loss, "pg_loss": pg_loss, "sft_loss": sft_loss,
+                     "kl": sums["kl"] / denom if tokens else None,
+                     "entropy": sums["entropy"] / denom if tokens else None, "grad_norm": grad_norm,
+                     "clip_frac": sums["clipped"] / denom if tokens else None,
+                     "n_tokens": tokens + sum(len(sft[i].completion_ids) for i in sft_chunk),
+                     "seconds": time.perf_counter() - t0})
+        if on_step:
+            on_step(rows[-1])
+    model.eval()
+    return rows
+
+
