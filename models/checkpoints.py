@@ -36,6 +36,8 @@ def save_checkpoint(model, tokenizer, store: Store, run_id: str, version: int) -
     """Write the model (full weights, or a LoRA model merged into them) and its tokenizer; return the folder."""
     dest = checkpoint_dir(store, run_id, version)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".v{version}.*.tmp"):  # a save that crashed half-way
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = dest.parent / f".v{version}.{uuid.uuid4().hex}.tmp"
     if hasattr(model, "merge_and_unload"):  # peft: a plain transformers checkpoint, loadable by every backend
         model = model.merge_and_unload()

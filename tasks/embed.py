@@ -117,7 +117,8 @@ def cached_embeddings(store: Store, prompts: pl.DataFrame, embedder: str, backen
             "embedder": [key] * missing.height,
             "vector": pa.array(list(vecs), pa.list_(pa.float32())),
         })
-        digest = hashlib.sha256("".join(sorted(missing["prompt_id"].to_list())).encode()).hexdigest()[:16]
+        digest = hashlib.sha256((key + "\x1f" + "".join(sorted(missing["prompt_id"].to_list()))).encode()
+                                ).hexdigest()[:16]  # the key too: each checkpoint's policy embeddings land apart
         store.commit(f"embed-{embedder}-{digest}", {"embeddings": table})
         have = pl.concat([have, pl.from_arrow(table).select("prompt_id", "vector")], how="vertical_relaxed")
     ordered = prompts.select("prompt_id").join(have, on="prompt_id", how="left", maintain_order="left")

@@ -108,3 +108,15 @@ def test_minilm_embeds_offline_and_separates_topics():
     v = embed_minilm(["What is 7 times 8?", "Compute the product of 6 and 9.", "Write a poem about the sea."])
     assert v.shape == (3, 384) and np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
     assert v[0] @ v[1] > v[0] @ v[2]
+
+
+def test_policy_embeddings_of_each_checkpoint_are_cached_apart(store, tiny_backend):
+    """A new checkpoint embeds the same prompts again (its hidden states differ) and lands them under its own
+    key; asking again for either checkpoint computes nothing."""
+    from tasks.embed import cached_embeddings
+
+    prompts = pl.DataFrame({"prompt_id": ["a", "b"], "text": ["What is 2 + 2?", "Compute 7 * 8."]})
+    assert cached_embeddings(store, prompts, "policy", tiny_backend, namespace="v0")[1] == 2
+    assert cached_embeddings(store, prompts, "policy", tiny_backend, namespace="v1")[1] == 2
+    assert cached_embeddings(store, prompts, "policy", tiny_backend, namespace="v0")[1] == 0
+    assert cached_embeddings(store, prompts, "policy", tiny_backend, namespace="v1")[1] == 0
