@@ -155,3 +155,45 @@ def test_lora_mode_trains_adapters_and_saves_a_merged_checkpoint(store):
     q_new, q_old = new.model.layers[0].self_attn.q_proj.weight, old.model.layers[0].self_attn.q_proj.weight
     assert not torch.equal(q_new, q_old)
     assert torch.equal(new.model.embed_tokens.weight, old.model.embed_tokens.weight)  # LoRA leaves these alone
+
+
+def test_stage_feeds_lope_behaviour_prompts_and_shaped_traces(store, tiny_backend):
+    """A LoPE-replaced rollout trains with its perturbed prompt as the behaviour context; correct shaped
+    traces of the round become the SFT term (sft_loss recorded), incorrect ones do not."""
+    import json
+
+    import polars as pl
+    import pyarrow as pa
+    from test_curriculum import TINY
+
+    from flows.config import load_config
+    from storage.query import sql
+    from tasks.train import rollout_sequences, train
+
+    tok = tiny_backend.tokenizer
+    plain = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+    lope = json.dumps({"lorem_perturb": {"replaced": True, "prefix": 0, "behaviour_prompt": "<|im_start|>system\n"
+                                         "Lorem ipsum dolor.<|im_end|>\n" + plain}})
+    rows = [{"run_id": "s", "round": 0, "policy_version": 0, "prompt_id": "p", "sample_idx": j, "prompt_text": plain,
+             "completion": f"answer {j}", "reward": float(j > 0), "correct": j > 0, "n_tokens": 2,
+             "mean_logprob": -1.0, "finish_reason": "stop", "augmentation": lope if j == 3 else None}
+            for j in range(4)]
+    seqs, used, skipped = rollout_sequences(pl.DataFrame(rows), tok, tok.eos_token_id, True, 16)
+    assert (used, skipped) == (1, 0) and [s.behaviour_ids is not None for s in seqs] == [False, False, False, True]
+    assert seqs[3].behaviour_ids[: 3] != seqs[3].prompt_ids[: 3] and seqs[3].completion_ids[-1] == tok.eos_token_id
+    now = __import__("datetime").datetime(2026, 1, 1, tzinfo=__import__("datetime").UTC)
+    store.commit("seed", {"prompts": pa.table({"prompt_id": ["p"], "text": ["Q"], "answer": ["1"],
+                                               "source": ["x.jsonl"], "root_id": ["p"], "transform": ["original"],
+                                               "created_at": [now]})})
+    store.commit("collect", {"rollouts": pa.Table.from_pylist(rows)}, run_id="s", round=0)
+    store.commit("shape", {"shaped_traces": pa.Table.from_pylist([
+        {"run_id": "s", "round": 0, "prompt_id": "p", "trace_id": t, "origin": "teacher", "text": text,
+         "start_logprob": -2.0, "end_logprob": -1.5, "steps": 8, "accept_rate": 0.5, "correct": ok,
+         "tokens_changed": 3} for t, text, ok in (("a", "so it is 1", True), ("b", "it is 2", False))])},
+        run_id="s", round=0)
+    cfg = load_config(sets=[*TINY, "train.sft_weight=0.5"])
+    out = train(store, "s", 0, 0, "tiny-random", "tiny-random", cfg.train, cfg.model, cfg.rollout)
+    assert out["sft_traces"] == 1 and out["sequences"] == 4
+    (step,) = sql(store, "SELECT sft_loss, loss, pg_loss, kl FROM train_steps WHERE run_id = 's'").to_pylist()
+    assert step["sft_loss"] > 0 and step["loss"] == pytest.approx(step["pg_loss"] + 0.01 * step["kl"]
+                                                                   + 0.5 * step["sft_loss"], rel=1e-4)
