@@ -171,7 +171,7 @@ def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg
                                                     [s.completion_ids for s in batch], pad_id, device, dtype)
                 part = -(logp * mask).sum()
                 (cfg.sft_weight * part / sft_tokens).backward()
-                nll += float(part)
+                nll += float(part.detach())
             sft_loss = nll / sft_tokens
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
         opt.step()
