@@ -58,7 +58,7 @@ def test_collect_records_fewshot_demonstrations(store):
     from storage.query import sql
     from tasks.rollout import collect
 
-    cfg = load_config(sets=[*TINY, "rollout.fewshot_p0=1.0", "rollout.fewshot_k=1"])
+    cfg = load_config(sets=[*TINY, "rollout.fewshot_p0=1.0", "rollout.fewshot_k=1", "rollout.lope_prefixes=0"])
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     ids = [f"q{i}" for i in range(3)]
     store.commit("seed", {"prompts": pa.table({

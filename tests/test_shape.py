@@ -28,16 +28,24 @@ def test_acceptance_matches_the_mh_formula(tiny_backend):
     traces, x, c, y = _setup(b, 200, lambda ids: True)
     shape_traces(b, traces, steps=1, variant="mh", max_new_tokens=4)
     eos = b.eos_ids[0]
-    expected, agree = [], 0
+    draws = []
     for t in traces:
         rng = random.Random(t.rng_seed)
-        i, u, seed = rng.randrange(len(y)), rng.random(), rng.getrandbits(31)
-        g = b.generate_ids([c + y[:i]], 1, Sampling(1.0, 1.0, 4, 0), row_seeds=[seed])[0][0]
-        s_new = list(g.token_ids) + ([eos] if g.finish_reason == "stop" else [])
-        y_new = y[:i] + s_new
-        pi_new, pi_old = (sum(v) for v in b.score_ids([x, x], [y_new, y]))
-        q_old, q_new = (sum(v) for v in b.score_ids([c + y[:i], c + y[:i]], [y[i:], s_new]))
-        a = math.exp(pi_new - math.log(len(y_new)) + q_old - (pi_old - math.log(len(y)) + q_new))
+        draws.append((rng.randrange(len(y)), rng.random(), rng.getrandbits(31)))
+    # the proposals again, in one call (keyed sampling: the same tokens as inside the chains)
+    gens = b.generate_ids([c + y[:i] for i, _, _ in draws], 1, Sampling(1.0, 1.0, 4, 0),
+                          row_seeds=[sd for _, _, sd in draws])
+    news = []
+    for (i, _, _), g in zip(draws, gens):
+        s_new = list(g[0].token_ids) + ([eos] if g[0].finish_reason == "stop" else [])
+        news.append((i, s_new, y[:i] + s_new))
+    pi = b.score_ids([x] * (len(news) + 1), [y] + [yn for _, _, yn in news])
+    pi_old, pi_new = sum(pi[0]), [sum(v) for v in pi[1:]]
+    q = b.score_ids([c + y[:i] for i, _, _ in news] * 2, [y[i:] for i, _, _ in news] + [sn for _, sn, _ in news])
+    q_old, q_new = [sum(v) for v in q[: len(news)]], [sum(v) for v in q[len(news):]]
+    expected, agree = [], 0
+    for k, (t, (_, u, _), (_, _, y_new)) in enumerate(zip(traces, draws, news)):
+        a = math.exp(pi_new[k] - math.log(len(y_new)) + q_old[k] - (pi_old - math.log(len(y)) + q_new[k]))
         expected.append(min(1.0, a))
         agree += t.decisions[0] == (u < a)
     assert agree >= 199  # float rounding may flip a decision sitting exactly on the boundary
