@@ -18,6 +18,13 @@ def test_defaults_are_the_embedded_demo():
     (["utility.beta=0"], "utility.beta"),
     (["rollout.colour=blue"], "rollout.colour"),
     (['pool.sources=[{"source": "rg:products", "size": 0}]'], "pool.sources.0.size"),
+    (["eval.heldout_fraction=1.0"], "eval.heldout_fraction"),
+    (["eval.heldout_fraction=0"], "eval.heldout_fraction"),
+    (["train.mode=qlora"], "train.mode"),
+    (["train.lr=-1e-5"], "train.lr"),
+    (["shape.variant=gibbs"], "shape.variant"),
+    (['refine.strategies=["ladder", "magic"]'], "refine.strategies.1"),
+    (["rollout.lope_samples=-4"], "rollout.lope_samples"),
 ])
 def test_invalid_config_names_the_field(sets, field):
     with pytest.raises(ValueError, match=f"invalid config: {field.replace('.', '[.]')}"):
@@ -55,3 +62,8 @@ def test_readme_example_config_is_accepted(tmp_path):
     for section in ("model", "rollout", "select", "refine", "reward", "utility"):
         assert getattr(c, section) == getattr(defaults, section), section
     assert c.run_id == "my-run" and len(c.pool.sources) == 2
+
+
+def test_cross_field_rule_is_named_too():
+    with pytest.raises(ValueError, match=r"eval\.k \(8\) must be <= eval\.n_samples \(4\)"):
+        load_config(sets=["eval.k=8"])
