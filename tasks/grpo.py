@@ -16,6 +16,10 @@ import torch.nn.functional as F
 from models.hf import _autocast
 from tasks.lope import RATIO_FLOOR
 
+# k3 is unbounded where the policy has pushed a token far below the reference (exp(ref - logp)); one such
+# token gave a step KL of 127 and a gradient norm of 1607 in a real run. verl's "low_var_kl" clamps it at 10.
+KL_CLAMP = 10.0
+
 
 @dataclass
 class Sequence:
@@ -92,7 +96,7 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, mask, lope, eps_low: float =
     pg = torch.where(lope, -(ratio / (ratio + RATIO_FLOOR)) * a, pg)
     if ref_logp is not None and kl_coef > 0:
         d = ref_logp - logp
-        kl = torch.exp(d) - d - 1
+        kl = torch.clamp(torch.exp(d) - d - 1, max=KL_CLAMP)
     else:
         kl = torch.zeros_like(logp)
     clip_active = (clipped < unclipped) & ~lope  # the min picked the clipped branch: no gradient through rho

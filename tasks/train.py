@@ -9,7 +9,7 @@
 - Old log-probs are recomputed with the training model before the first update, so differences between the
   sampling backend and the trainer do not bias the ratio.
 - KL to the frozen starting model (policy version 0), k3 estimator exp(ref - logp) - (ref - logp) - 1,
-  coefficient `kl_coef` (0 switches it off and skips the reference forward).
+  clamped at 10 per token as verl does, coefficient `kl_coef` (0 switches it off and skips the reference forward).
 - L = L_grpo + lambda_sft * NLL(shaped traces), the NLL averaged over the traces' tokens.
 - Full fine-tune or LoRA (peft; merged into a plain checkpoint on save), fp32 or bf16 autocast, gradient
   accumulation over micro-batches, gradient-norm clipping, AdamW. One pass over the round's data.

@@ -197,3 +197,10 @@ def test_stage_feeds_lope_behaviour_prompts_and_shaped_traces(store, tiny_backen
     (step,) = sql(store, "SELECT sft_loss, loss, pg_loss, kl FROM train_steps WHERE run_id = 's'").to_pylist()
     assert step["sft_loss"] > 0 and step["loss"] == pytest.approx(step["pg_loss"] + 0.01 * step["kl"]
                                                                    + 0.5 * step["sft_loss"], rel=1e-4)
+
+
+def test_k3_kl_is_clamped_at_10():
+    logp = torch.tensor([[-20.0]], requires_grad=True)  # a token the policy pushed far below the reference
+    t = grpo_token_terms(logp, logp.detach(), torch.tensor([[0.0]]), torch.tensor([0.0]), torch.ones(1, 1),
+                         torch.tensor([False]), kl_coef=1.0)
+    assert float(t["kl"]) == 10.0  # unclamped: exp(20) - 21 ~ 4.9e8
