@@ -137,6 +137,8 @@ class TrainConfig(Section):
     rows_per_step: int = Field(64, ge=1, le=1_000_000, description="sequences per optimizer step")
     micro_batch: int = Field(8, ge=1, le=4096, description="sequences per forward/backward (gradient "
                              "accumulation fills the step)")
+    micro_tokens: int = Field(1024, ge=16, le=10_000_000, description="padded tokens per forward/backward at "
+                              "most (bounds activation memory; a longer single sequence goes alone)")
     max_grad_norm: float = Field(1.0, gt=0.0, le=1e6)
     lora_rank: int = Field(16, ge=1, le=1024)
     lora_alpha: int = Field(32, ge=1, le=4096)

@@ -111,12 +111,33 @@ def _pad(rows: list[torch.Tensor], t: int, device: str) -> torch.Tensor:
     return out.to(device)
 
 
+def micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[list[int]]:
+    """Indices grouped into forward passes: by length (less padding), at most `max_rows` rows and at most
+    `max_tokens` padded tokens each (a longer single row goes alone). Activation memory of a pass grows with
+    its padded tokens, so this bounds it: long few-shot or LoPE prompts no longer multiply it.
+
+    >>> micro_batches([10, 300, 20, 40], max_rows=8, max_tokens=100)
+    [[0, 2], [3], [1]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    out: list[list[int]] = []
+    for i in order:
+        cur = out[-1] if out else None
+        if cur is not None and len(cur) < max_rows and (len(cur) + 1) * lengths[i] <= max_tokens:
+            cur.append(i)
+        else:
+            out.append([i])
+    return out
+
+
 @torch.no_grad()
-def _logprobs(model, prompts, comps, pad_id, device, dtype, micro: int) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for k in range(0, len(prompts), micro):
-        lp, mask, _ = completion_logprobs(model, prompts[k : k + micro], comps[k : k + micro], pad_id, device, dtype)
-        out += [lp[r, : int(mask[r].sum())].cpu() for r in range(lp.shape[0])]
+def _logprobs(model, prompts, comps, pad_id, device, dtype, micro: int, max_tokens: int) -> list[torch.Tensor]:
+    out: list[torch.Tensor | None] = [None] * len(prompts)
+    for idx in micro_batches([len(p) + len(c) for p, c in zip(prompts, comps)], micro, max_tokens):
+        lp, mask, _ = completion_logprobs(model, [prompts[i] for i in idx], [comps[i] for i in idx], pad_id, device,
+                                          dtype)
+        for r, i in enumerate(idx):
+            out[i] = lp[r, : int(mask[r].sum())].cpu()
     return out
 
 
@@ -129,11 +150,12 @@ def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg
     torch.manual_seed(seed)
     rng = random.Random(seed)
     micro = cfg.micro_batch
+    max_tokens = getattr(cfg, "micro_tokens", 1 << 30)
     model.eval()
     old = _logprobs(model, [s.behaviour_ids or s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
-                    pad_id, device, dtype, micro)
+                    pad_id, device, dtype, micro, max_tokens)
     ref = (_logprobs(ref_model, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs], pad_id, device,
-                     dtype, micro) if ref_model is not None and cfg.kl_coef > 0 else None)
+                     dtype, micro, max_tokens) if ref_model is not None and cfg.kl_coef > 0 else None)
     order = list(range(len(seqs)))
     rng.shuffle(order)
     n_steps = max(1, -(-len(seqs) // cfg.rows_per_step))
@@ -150,9 +172,10 @@ def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg
         opt.zero_grad(set_to_none=True)
         tokens = sum(len(seqs[i].completion_ids) for i in chunk)
         sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "entropy": 0.0}
-        for k in range(0, len(chunk), micro):
-            batch = [seqs[i] for i in chunk[k : k + micro]]
-            idx = chunk[k : k + micro]
+        for part in micro_batches([len(seqs[i].prompt_ids) + len(seqs[i].completion_ids) for i in chunk], micro,
+                                  max_tokens):
+            idx = [chunk[j] for j in part]
+            batch = [seqs[i] for i in idx]
             logp, mask, ent = completion_logprobs(model, [s.prompt_ids for s in batch],
                                                   [s.completion_ids for s in batch], pad_id, device, dtype, True)
             t = logp.shape[1]
@@ -169,8 +192,9 @@ def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg
         if sft_chunk:
             sft_tokens = sum(len(sft[i].completion_ids) for i in sft_chunk)
             nll = 0.0
-            for k in range(0, len(sft_chunk), micro):
-                batch = [sft[i] for i in sft_chunk[k : k + micro]]
+            for part in micro_batches([len(sft[i].prompt_ids) + len(sft[i].completion_ids) for i in sft_chunk],
+                                      micro, max_tokens):
+                batch = [sft[sft_chunk[j]] for j in part]
                 logp, mask, _ = completion_logprobs(model, [s.prompt_ids for s in batch],
                                                     [s.completion_ids for s in batch], pad_id, device, dtype)
                 part = -(logp * mask).sum()
