@@ -22,7 +22,7 @@ from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store, fault_point
 from tasks.fewshot import demonstrations, fewshot_messages
-from tasks.lope import Rescue, lope_rescue
+from tasks.lope import Rescue, is_lope_replaced, lope_rescue
 from tasks.reporting import progress_reporter, sig4
 from tasks.rewards import verify
 
@@ -40,13 +40,15 @@ def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, in
     return ids.select("prompt_id").unique().join(prompts, on="prompt_id", how="inner").sort("prompt_id").collect()
 
 
+def _verify(row: dict, text: str, reward_cfg: Any):
+    return verify(text, row["answer"], row["source"], row["text"], row["meta"], reward_cfg.verifier,
+                  reward_cfg.strict, reward_cfg.format_weight)
+
+
 def verdicts(prompts: pl.DataFrame, groups: list, reward_cfg: Any) -> list[list]:
     """The verifier's Verdict for every completion (per completion on purpose: each parses model text)."""
-    out = []
-    for row, group in zip(prompts.iter_rows(named=True), groups):
-        out.append([verify(c.text, row["answer"], row["source"], row["text"], row["meta"], reward_cfg.verifier,
-                           reward_cfg.strict, reward_cfg.format_weight) for c in group])
-    return out
+    return [[_verify(row, c.text, reward_cfg) for c in group]
+            for row, group in zip(prompts.iter_rows(named=True), groups)]
 
 
 def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], augmentation: list[list[str | None]],
@@ -98,10 +100,10 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
     rescue = Rescue()
     if rollout_cfg.lope_prefixes and rollout_cfg.lope_samples:
         rows = prompts.to_dicts()
+        seen: dict[tuple[int, str], Any] = {}  # each resample's verdict, reused for the ones that replace
 
         def verify_one(i: int, text: str):
-            v = verify(text, rows[i]["answer"], rows[i]["source"], rows[i]["text"], rows[i]["meta"],
-                       reward_cfg.verifier, reward_cfg.strict, reward_cfg.format_weight)
+            v = seen[(i, text)] = _verify(rows[i], text, reward_cfg)
             return v.reward, v.correct
 
         correct = [[v.correct for v in vs] for vs in checked]
@@ -109,8 +111,10 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
         rescue = lope_rescue(backend, messages, correct, groups, augs, sampling, verify_one,
                              rollout_cfg.lope_prefixes, rollout_cfg.lope_samples, rollout_cfg.lope_max_groups)
         rescue.seconds = time.perf_counter() - t1
-        if rescue.replaced:
-            checked = verdicts(prompts, groups, reward_cfg)
+        for i, group in enumerate(groups):  # the replaced slots take their resample's verdict
+            for j, c in enumerate(group):
+                if (i, c.text) in seen and is_lope_replaced(augs[i][j]):
+                    checked[i][j] = seen[(i, c.text)]
     table = rollout_table(prompts, groups, rendered, augs, checked, run_id, round, policy_version)
     store.commit("collect", {"rollouts": table}, run_id=run_id, round=round)
     return {"stage": "collect", "round": round, "prompts": prompts.height, "rollouts": table.num_rows,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import polars as pl
@@ -124,8 +125,6 @@ def train(store: Store, run_id: str, round: int, policy_version: int, policy: st
     seconds = time.perf_counter() - t0
     version = policy_version + 1
     saved = str(save_checkpoint(model, tokenizer, store, run_id, version)) if steps else path
-    from datetime import UTC, datetime
-
     now = datetime.now(UTC)
     ckpt = [{"run_id": run_id, "policy_version": version, "parent_version": policy_version, "round": round,
              "path": saved, "created_at": now}]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from models.backend import Completion, Sampling
-from tasks.lope import is_lope_replaced, lope_rescue, lorem_prefixes, shaped_ratio
+from tasks.lope import LOREM, is_lope_replaced, lope_rescue, lorem_prefixes, shaped_ratio
 
 
 def test_prefixes_are_distinct_lorem_of_100_to_300_words_and_seeded():
@@ -14,7 +14,8 @@ def test_prefixes_are_distinct_lorem_of_100_to_300_words_and_seeded():
     assert len(set(a)) == 6
     lengths = [len(p.split()) for p in a]
     assert min(lengths) == 100 and max(lengths) == 300
-    assert all(p.split()[0] in ("Lorem", "Ipsum", "Dolor", "Sit", "Amet") or p[0].isupper() for p in a)
+    assert {w.rstrip(".").lower() for p in a for w in p.split()} <= set(LOREM)  # Lorem words only
+    assert all(p[0].isupper() and p.endswith(".") for p in a)
     assert not any(ch.isdigit() for p in a for ch in p)  # a prefix never carries a number into a math prompt
 
 
