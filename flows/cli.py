@@ -82,6 +82,15 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(a: argparse.Namespace) -> int:
+    _prepare_prefect(a.store, a.verbose)  # tasks.report imports prefect
+    from storage.store import Store
+    from tasks.report import write_report
+
+    print(write_report(Store(a.store), a.run_id, a.out) / "index.html")
+    return 0
+
+
 def print_summary(out: dict) -> None:
     from storage.query import sql
     from storage.store import Store
@@ -251,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     lg.add_argument("prompt_id")
     lg.add_argument("--json", action="store_true")
     lg.set_defaults(func=cmd_lineage)
+
+    rp = sub.add_parser("report", parents=[common], help="(re)draw a run's report: PNG plots and index.html")
+    rp.add_argument("run_id")
+    rp.add_argument("--out", default=None, metavar="DIR", help="the report folder (default: <store>/_reports/"
+                    "run_id=<run>; for a remote store ./refinery-reports/<run>)")
+    rp.set_defaults(func=cmd_report)
     return p
 
 
