@@ -169,6 +169,21 @@ def cmd_catalog(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(a: argparse.Namespace) -> int:
+    from flows import serve
+
+    try:
+        if a.stop:
+            state = serve.stop_running(serve.prefect_home(a.store))
+            print(f"stopped refinery serve (pid {state['pid']}) at {state['url']}; port {state['port']} is closed")
+            return 0
+        _prepare_prefect(a.store, a.verbose)
+        return serve.run(a.store, a.port, a.pool)
+    except serve.ServeError as e:
+        print(f"refinery serve: {e}", file=sys.stderr)
+        return 1
+
+
 def cmd_lineage(a: argparse.Namespace) -> int:
     from storage.lineage import lineage
     from storage.query import connect
@@ -250,6 +265,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("catalog", parents=[common], help="write <store>/catalog.duckdb with the same views")
     c.set_defaults(func=cmd_catalog)
+
+    sv = sub.add_parser("serve", parents=[common], help="a local Prefect server (UI), the process work pool, "
+                        "a worker and prefect.yaml's deployments, until Ctrl-C")
+    sv.add_argument("--port", type=int, default=4200, help="on 127.0.0.1 (default 4200)")
+    sv.add_argument("--pool", default="refinery-process", help="the process work pool (prefect.yaml's is "
+                    "refinery-process)")
+    sv.add_argument("--stop", action="store_true", help="stop the `refinery serve` running on this store")
+    sv.set_defaults(func=cmd_serve)
 
     e = sub.add_parser("eval", parents=[common], help="held-out pass@1 / pass@k of a run's checkpoint")
     e.add_argument("--run-id", default=None, help="default: the newest run")
