@@ -9,6 +9,8 @@ Choices, and why:
 - Round r samples the newest checkpoint trained before it (version r with training on, else the base model as
   version 0); training writes version r + 1, which the evaluate stage scores on the held-out split (round 0
   also scores version 0, so the eval curve starts at the base model).
+- Each round ends with the report stage (plots and an HTML page under <store>/_reports/run_id=<run>/, redrawn
+  from the store) and publishes Prefect artifacts: a keyed table per round and a markdown summary.
 - Selection (k-means over prompt embeddings, weighted by last round's EPS) picks each round's batch from
   the active pool; selector 'all' collects the whole pool instead.
 """
@@ -26,8 +28,9 @@ from storage.store import Store, default_root
 from tasks.evaluate import evaluate_task
 from tasks.pool import pool_task
 from tasks.refine import refine_task
+from tasks.report import publish_round_artifacts, report_task
 from tasks.rollout import collect_task
-from tasks.runs import mark, stored_config
+from tasks.runs import mark, run_lock, stored_config
 from tasks.select import select_task
 from tasks.shape import shape_task
 from tasks.train import train_task
@@ -49,12 +52,17 @@ def _check_resume(config: RunConfig, previous: dict) -> None:
 
 
 @flow(name="curriculum")
-def curriculum(config: RunConfig) -> dict:
+def curriculum(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 (a pydantic default the UI form shows)
     """Run (or resume) a curriculum run; returns per-stage summaries."""
     config = config.model_copy(update={"run_id": config.run_id or new_run_id(),
                                        "store": config.store or default_root()})
     store = Store(config.store)
     store.cleanup()
+    with run_lock(store, config.run_id):  # no two processes on one run id; marks a dead holder's run failed
+        return _rounds(config, store)
+
+
+def _rounds(config: RunConfig, store: Store) -> dict:
     previous = stored_config(store, config.run_id)
     if previous is not None:
         _check_resume(config, previous)
@@ -64,6 +72,7 @@ def curriculum(config: RunConfig) -> dict:
     try:
         base = config.model.policy
         for r in range(config.rounds):
+            first = len(stages)
             version, spec = policy_for_round(store, config.run_id, r, base)
             model_r = config.model.model_copy(update={"policy": spec})
             heldout = config.eval.heldout_fraction if config.eval.enabled else 0.0
@@ -90,6 +99,8 @@ def curriculum(config: RunConfig) -> dict:
                 versions = ([(0, base)] if r == 0 and new[0] != 0 else []) + [new]
                 stages.append(evaluate_task(store.uri, config.run_id, r, versions, config.eval, config.model,
                                             config.rollout, config.reward))
+            stages.append(report_task(store.uri, config.run_id, r))
+            publish_round_artifacts(store, config.run_id, r, stages[first:])
     except BaseException:
         mark(store, config.run_id, "failed", config.model_dump(mode="json"))
         raise

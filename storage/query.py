@@ -30,10 +30,11 @@ def view_sql(store: Store, table: str, files: list[str]) -> str:
         return f'CREATE OR REPLACE VIEW "{table}" AS {empty_select_sql(table)}'
     cols = ", ".join(f'"{f.name}"' for f in schema(table))
     listing = "[" + ", ".join(_quote(f) for f in files) + "]"
-    # union_by_name: files written before a column was added still read, with nulls in the new column.
+    # Files written before a column was added still read, with nulls in the new column: union_by_name across
+    # the files, and a union by name with the typed empty row set for a column that no file has yet.
     return (
-        f'CREATE OR REPLACE VIEW "{table}" AS SELECT {cols} FROM '
-        f"read_parquet({listing}, union_by_name = true, hive_partitioning = false)"
+        f'CREATE OR REPLACE VIEW "{table}" AS SELECT {cols} FROM ({empty_select_sql(table)} UNION ALL BY NAME '
+        f"SELECT * FROM read_parquet({listing}, union_by_name = true, hive_partitioning = false))"
     )
 
 
@@ -58,7 +59,8 @@ def scan(store: Store, table: str) -> pl.LazyFrame:
     import pyarrow.dataset as ds  # fsspec roots: let pyarrow read through the store's filesystem
 
     stripped = [store.fs._strip_protocol(f) for f in files]
-    return pl.scan_pyarrow_dataset(ds.dataset(stripped, filesystem=store.fs, format="parquet"))
+    # the table's schema, so that files written before a column was added read with nulls in it
+    return pl.scan_pyarrow_dataset(ds.dataset(stripped, schema=schema(table), filesystem=store.fs, format="parquet"))
 
 
 # Statement types the read-only interface runs; everything else (COPY, ATTACH, INSTALL, LOAD, SET, PRAGMA,

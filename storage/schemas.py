@@ -22,6 +22,9 @@ TABLES: dict[str, pa.Schema] = {
         _f("created_at", TS),
         _f("status", pa.string()),
         _f("config", pa.string()),
+        _f("host", pa.string(), True),  # where the process that wrote the row ran
+        _f("pid", pa.int64(), True),
+        _f("reason", pa.string(), True),  # why a run is marked failed
     ]),
     "prompts": pa.schema([
         _f("prompt_id", pa.string()),

@@ -30,9 +30,10 @@ from prefect import task
 from models.backend import Sampling
 from storage.ids import prompt_id as content_id
 from storage.query import scan
-from storage.store import Store
+from storage.store import Store, fault_point
 from tasks.gate import check_child
 from tasks.ladder import LEVELS, distractor_payload, make_cloze, make_mcq, next_level, parse_distractors
+from tasks.reporting import timed
 
 TEACHER_TEMPLATE = """You are helping a student who keeps failing this problem.
 
@@ -249,6 +250,7 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
             record(parent["prompt_id"], "harden", child, reason)
 
     fresh = ask_teacher(store, teacher, payloads, cache, cfg.teacher_max_new_tokens) if payloads else set()
+    fault_point("refine:mid")  # test hook: a fault test kills the process here, teacher calls landed, refine not
 
     def call(key: str) -> dict:
         return {"key": key, "teacher": teacher_name, "response": cache[key], "reused": key not in fresh}
@@ -286,6 +288,7 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
 
 
 @task(name="refine")
+@timed
 def refine_task(store_uri: str, run_id: str, round: int, cfg: Any, model_cfg: Any) -> dict:
     from models.registry import load_teacher
 

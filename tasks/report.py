@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,7 +38,7 @@ from prefect import task
 
 from storage.query import connect
 from storage.store import Store
-from tasks.reporting import _in_prefect_run, sig4
+from tasks.reporting import _in_prefect_run, sig4, timed
 
 BUCKETS = ("informative", "saturated", "too_hard", "flat")
 COLOURS = {"informative": "#2a9d8f", "saturated": "#457b9d", "too_hard": "#e63946", "flat": "#adb5bd"}
@@ -320,10 +321,14 @@ def write_report(store: Store, run_id: str, out_dir: str | Path | None = None) -
 
 
 @task(name="report")
-def report_task(store_uri: str, run_id: str) -> dict:
+@timed
+def report_task(store_uri: str, run_id: str, round: int | None = None) -> dict:
+    """Redraw the run's report from the store (the flow calls it at the end of every round)."""
+    t0 = time.perf_counter()
     folder = write_report(Store(store_uri), run_id)
     plots = json.loads((folder / MARKER).read_text())["plots"]
-    return {"stage": "report", "path": str(folder / "index.html"), "plots": plots}
+    return {"stage": "report", "round": round, "path": str(folder / "index.html"), "plots": plots,
+            "seconds": sig4(time.perf_counter() - t0)}
 
 
 # ---- Prefect artifacts of one round ---------------------------------------------------------------------------
@@ -375,7 +380,7 @@ def _headline(stage: dict) -> str:
         return f"- **{name}**: skipped" + (f" ({why})" if isinstance(why, str) else "")
     parts = []
     for k, v in stage.items():
-        if k in ("stage", "round") or isinstance(v, bool):
+        if k in ("stage", "round", "timing") or isinstance(v, bool):
             continue
         if isinstance(v, int | float):
             parts.append(f"{k} {v:.4g}")
@@ -390,6 +395,7 @@ def _headline(stage: dict) -> str:
 def round_markdown(run_id: str, round: int, rows: list[dict], stages: list[dict]) -> str:
     lines = [f"# Run `{run_id}`, round {round}", "", "## Stages"]
     lines += [_headline(s) for s in stages if isinstance(s, dict) and s.get("round", round) == round] or ["- none"]
+    lines += [f"\nReport (plots and HTML): `{s['path']}`" for s in stages if s.get("stage") == "report" and s.get("path")]
     lines += ["", "## Numbers"]
     groups: dict[tuple[str, str], list[str]] = {}
     for r in rows:

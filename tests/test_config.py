@@ -25,6 +25,8 @@ def test_defaults_are_the_embedded_demo():
     (["shape.variant=gibbs"], "shape.variant"),
     (['refine.strategies=["ladder", "magic"]'], "refine.strategies.1"),
     (["rollout.lope_samples=-4"], "rollout.lope_samples"),
+    (["select.selector=magic"], "select.selector"),
+    (["select.batch_size=-3"], "select.batch_size"),
 ])
 def test_invalid_config_names_the_field(sets, field):
     with pytest.raises(ValueError, match=f"invalid config: {field.replace('.', '[.]')}"):
@@ -67,3 +69,13 @@ def test_readme_example_config_is_accepted(tmp_path):
 def test_cross_field_rule_is_named_too():
     with pytest.raises(ValueError, match=r"eval\.k \(8\) must be <= eval\.n_samples \(4\)"):
         load_config(sets=["eval.k=8"])
+
+
+def test_refinery_run_rejects_a_bad_config_before_any_work(tmp_path, capsys):
+    from flows.cli import main
+
+    store = tmp_path / "store"
+    assert main(["run", "--store", str(store), "--set", "rollout.group_size=1", "--set", "select.selector=magic"]) == 1
+    err = capsys.readouterr().err
+    assert "rollout.group_size: Input should be greater than or equal to 2" in err and "select.selector" in err
+    assert not store.exists()  # nothing was started: no store, no Prefect home

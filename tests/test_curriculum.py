@@ -1,10 +1,13 @@
 """End-to-end curriculum runs on the tiny model, and resume after a SIGKILL mid-collection."""
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -32,7 +35,7 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     from flows.curriculum import curriculum
 
     out = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
-    full = ["pool", "select", "collect", "score", "refine", "shape", "train", "evaluate"]
+    full = ["pool", "select", "collect", "score", "refine", "shape", "train", "evaluate", "report"]
     assert [s["stage"] for s in out["stages"]] == full + [s for s in full if s != "refine"]
     # the chain of policy versions, one per round, each with its parent, and an evaluation of each
     chain = sql(store, "SELECT policy_version, parent_version, round FROM checkpoints WHERE run_id = 'e2e' "
@@ -73,7 +76,7 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     assert statuses.to_pylist() == ["running", "completed"]
     # rerunning a finished run lands nothing new
     again = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
-    assert all("skipped" in s for s in again["stages"])
+    assert all("skipped" in s for s in again["stages"] if s["stage"] != "report")  # the report is redrawn
     counts = _counts(store, "e2e")
     assert counts["rollouts"] == counts["distinct_rollouts"] == 48 and counts["scores"] == 12
     children = sql(store, "SELECT count(*) AS n FROM refinements WHERE run_id = 'e2e' AND accepted").to_pylist()[0]["n"]
@@ -101,47 +104,104 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
         curriculum(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="e2e", store=store.root))
 
 
+# TINY plus six prompts with reference solutions: the shape stage turns those into SFT traces, so the tiny
+# model (which never answers correctly, so every GRPO group has zero variance) still takes training steps.
+SOLVED = str(Path(__file__).parent / "data" / "solved.jsonl")
+WITH_TRAINING = [*TINY[:-1], TINY[-1][:-1] + f', {{"source": "{SOLVED}"}}]']
+
 RUN = """
 import sys
 sys.path.insert(0, "tests")
 from flows.config import load_config
 from flows.curriculum import curriculum
-from test_curriculum import TINY
-curriculum(load_config(sets=TINY, run_id=sys.argv[2], store=sys.argv[1], rounds=2))
+from test_curriculum import TINY, WITH_TRAINING
+sets = WITH_TRAINING if sys.argv[3] == "train" else TINY
+curriculum(load_config(sets=sets, run_id=sys.argv[2], store=sys.argv[1], rounds=2))
 """
 
 
-def _run(store: Store, run_id: str, env: dict | None = None) -> subprocess.Popen:
+def _run(store: Store, run_id: str, env: dict | None = None, sets: str = "tiny") -> subprocess.Popen:
     from prefect.settings import PREFECT_API_URL
 
     env = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value() or "", **(env or {})}
-    return subprocess.Popen([sys.executable, "-c", RUN, store.root, run_id], env=env,
+    return subprocess.Popen([sys.executable, "-c", RUN, store.root, run_id, sets], env=env,
                             cwd=os.path.dirname(os.path.dirname(__file__)))
 
 
-def test_sigkill_mid_collection_then_resume(prefect_api, store, tmp_path):
-    flag = tmp_path / "reached"
-    proc = _run(store, "crash", {"REFINERY_FAULT": "collect:mid", "REFINERY_FAULT_FLAG": str(flag)})
+def _table_counts(store: Store) -> dict:
+    """Rows per table (all of the store) and the landed stage records; `runs` is compared apart."""
+    import polars as pl
+
+    from storage.query import scan
+    from storage.schemas import TABLES
+
+    counts = {t: scan(store, t).select(pl.len()).collect().item() for t in TABLES if t != "runs"}
+    # a teacher stage is named by a digest of its payloads, which name the teacher: in round 1 that is the
+    # checkpoint's folder, inside the store, so only their number is comparable between two stores
+    landed = sorted("teacher-*" if p.name.startswith("teacher-") else str(p.relative_to(store.root))
+                    for p in (Path(store.root) / "_landed").rglob("*.json")
+                    if not p.name.startswith(("running", "resumed", "failed", "completed")))
+    return {**counts, "landed": landed}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(prefect_api, tmp_path_factory):
+    store = Store(tmp_path_factory.mktemp("clean") / "store")
+    assert _run(store, "crash", sets="train").wait(timeout=600) == 0
+    assert sql(store, "SELECT count(*) AS n FROM train_steps").to_pylist()[0]["n"] > 0  # so train:mid is reached
+    return store
+
+
+@pytest.mark.parametrize("point", ["collect:mid", "refine:mid", "train:mid"])
+def test_sigkill_mid_stage_then_resume(prefect_api, uninterrupted, tmp_path, point):
+    """SIGKILL the flow process mid-rollout, mid-refine (teacher answers landed, refine not) or mid-train;
+    rerunning the run id finishes with exactly the rows of an uninterrupted run of the same config."""
+    store, flag = Store(tmp_path / "store"), tmp_path / "reached"
+    proc = _run(store, "crash", {"REFINERY_FAULT": point, "REFINERY_FAULT_FLAG": str(flag)}, sets="train")
     deadline = time.time() + 300
     while not flag.exists():
-        assert proc.poll() is None, "the run ended before reaching mid-collection"
+        assert proc.poll() is None, f"the run ended before reaching {point}"
         assert time.time() < deadline
         time.sleep(0.1)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert store.landed("crash", 0, "pool") and not store.landed("crash", 0, "collect")
-    assert _counts(store, "crash")["rollouts"] == 0
+    stage = point.split(":")[0]
+    assert store.landed("crash", 0, "score" if stage != "collect" else "pool")
+    assert not store.landed("crash", 0, stage)
+    if stage == "refine":  # the teacher's answers landed before the kill and are reused, not asked again
+        assert _table_counts(store)["teacher_calls"] > 0
 
-    assert _run(store, "crash").wait(timeout=300) == 0
-    assert _run(store, "clean").wait(timeout=300) == 0
-    crashed, clean = _counts(store, "crash"), _counts(store, "clean")
-    assert crashed == clean and clean["rollouts"] == clean["distinct_rollouts"] == 48 and clean["scores"] == 12
-    same = sql(store, """SELECT count(*) AS n FROM rollouts a JOIN rollouts b
-                         ON a.round = b.round AND a.prompt_id = b.prompt_id AND a.sample_idx = b.sample_idx
-                         WHERE a.run_id = 'crash' AND b.run_id = 'clean' AND a.completion = b.completion""")
-    assert same.to_pylist() == [{"n": 48}]  # the resumed round resampled with the same seed
-    statuses = sql(store, "SELECT status FROM runs WHERE run_id = 'crash' ORDER BY created_at").column("status")
-    assert statuses.to_pylist() == ["running", "resumed", "completed"]
+    assert _run(store, "crash", sets="train").wait(timeout=600) == 0
+    assert _table_counts(store) == _table_counts(uninterrupted)
+    counts = _counts(store, "crash")
+    assert counts["rollouts"] == counts["distinct_rollouts"] == 48 and counts["scores"] == 12
+    statuses = sql(store, "SELECT status, reason FROM runs WHERE run_id = 'crash' ORDER BY created_at").to_pylist()
+    assert [s["status"] for s in statuses] == ["running", "failed", "resumed", "completed"]
+    assert f"(pid {proc.pid} on " in statuses[1]["reason"]  # the dead holder, found by the resuming process
+    if stage == "collect":  # the resumed round resampled with the same seed
+        got = sql(store, "SELECT round, prompt_id, sample_idx, completion FROM rollouts ORDER BY ALL")
+        assert got == sql(uninterrupted, "SELECT round, prompt_id, sample_idx, completion FROM rollouts ORDER BY ALL")
+
+
+def test_a_second_process_on_a_running_run_id_is_refused(prefect_api, store, tmp_path):
+    flag = tmp_path / "reached"
+    proc = _run(store, "busy", {"REFINERY_FAULT": "collect:mid", "REFINERY_FAULT_FLAG": str(flag)})
+    try:
+        deadline = time.time() + 300
+        while not flag.exists():
+            assert proc.poll() is None and time.time() < deadline
+            time.sleep(0.1)
+        from flows.cli import main
+
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = main(["run", "--run-id", "busy", "--store", store.root, *[f"--set={s}" for s in TINY]])
+        assert code == 1
+        assert f"run busy is already running (pid {proc.pid} on " in err.getvalue()
+        assert sql(store, "SELECT status FROM runs WHERE run_id = 'busy'").column("status").to_pylist() == ["running"]
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_one_round_on_the_embedded_model(prefect_api, store):
