@@ -129,6 +129,9 @@ def print_summary(out: dict) -> None:
             round(quantile_cont(eps, 0.75), 3) AS eps_p75, round(max(eps), 3) AS eps_max
             FROM prompt_scores WHERE run_id = '{run}' GROUP BY ALL ORDER BY round, bucket"""
     print(_format(sql(store, q), "table"))
+    reports = [s["path"] for s in out["stages"] if s.get("stage") == "report"]
+    if reports:
+        print(f"report: {reports[-1]} (redraw it with: refinery report {run})")
     how = "resumed" if out["started_as"] == "resumed" else "new run"
     print(f"run {run} ({how}) finished in {out['seconds']:.0f} s; store: {store.uri}")
     example = f"SELECT round, bucket, count(*) FROM prompt_scores WHERE run_id = '{run}' GROUP BY ALL ORDER BY ALL"
@@ -150,6 +153,20 @@ def _format(t, fmt: str) -> str:
 
     with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=100, tbl_hide_dataframe_shape=True):
         return str(pl.from_arrow(t)) + f"\n({t.num_rows} rows)"
+
+
+def cmd_rescore(a: argparse.Namespace) -> int:
+    _prepare_prefect(a.store, a.verbose)
+    from flows.rescore import rescore
+
+    out = rescore(run_id=a.run_id, store=a.store)
+    if "skipped" in out:
+        print(f"rescore: {out['skipped']}")
+    else:
+        buckets = ", ".join(f"{k} {v}" for k, v in sorted(out["buckets"].items())) or "none"
+        print(f"run {out['run_id']} round {out['round']}: rescored {out['reserve']} reserve prompts with "
+              f"v{out['policy_version']} ({buckets}); {out['reactivated']} come back as active next round")
+    return 0
 
 
 def cmd_sql(a: argparse.Namespace) -> int:
@@ -279,6 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--checkpoint", type=int, default=None, help="policy_version (default: the newest)")
     e.set_defaults(func=cmd_eval)
 
+    rs = sub.add_parser("rescore", parents=[common], help="re-score a completed run's reserve pool with its "
+                        "newest checkpoint (the nightly deployment)")
+    rs.add_argument("--run-id", default=None, help="default: the newest run")
+    rs.set_defaults(func=cmd_rescore)
+
     lg = sub.add_parser("lineage", parents=[common], help="a prompt's ancestors and descendants")
     lg.add_argument("prompt_id")
     lg.add_argument("--json", action="store_true")
@@ -299,7 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("refinery: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, KeyError, FileNotFoundError, PermissionError) as e:
+    except Exception as e:
+        if not isinstance(e, (ValueError, KeyError, FileNotFoundError, PermissionError)) and \
+                not getattr(e, "user_facing", False):
+            raise
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"refinery {args.command}: {msg}", file=sys.stderr)
         return 1

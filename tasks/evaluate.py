@@ -23,7 +23,7 @@ from prefect import task
 from models.backend import Sampling
 from storage.query import scan
 from storage.store import Store
-from tasks.reporting import sig4
+from tasks.reporting import sig4, timed
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -92,6 +92,7 @@ def evaluate_versions(store: Store, run_id: str, round: int, versions: list[tupl
 
 
 @task(name="evaluate")
+@timed
 def evaluate_task(store_uri: str, run_id: str, round: int, versions: list[tuple[int, str]], cfg: Any, model_cfg: Any,
                   rollout_cfg: Any, reward_cfg: Any) -> dict:
     return evaluate_versions(Store(store_uri), run_id, round, versions, cfg, model_cfg, rollout_cfg, reward_cfg)

@@ -16,6 +16,7 @@ from storage.query import scan
 from storage.store import Store
 from tasks.evaluate import heldout_roots
 from tasks.ingest import commit_prompts, load_source
+from tasks.reporting import timed
 from tasks.utility import next_pool
 
 
@@ -54,6 +55,7 @@ def build_pool(store: Store, run_id: str, round: int, sources: list[Any], seed: 
 
 
 @task(name="pool")
+@timed
 def pool_task(store_uri: str, run_id: str, round: int, sources: list[Any], seed: int, heldout_fraction: float = 0.0,
               heldout_seed: int = 0) -> dict:
     return build_pool(Store(store_uri), run_id, round, sources, seed, heldout_fraction, heldout_seed)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -45,3 +47,19 @@ def progress_reporter(label: str, total: int) -> Iterator[Callable[[int], None]]
 def sig4(x: float) -> float:
     """A figure for a stage summary, to 4 significant digits."""
     return float(f"{x:.4g}")
+
+
+def timed(fn: Callable[..., dict]) -> Callable[..., dict]:
+    """A stage's own compute time, measured inside its Prefect task: the returned summary gains
+    `timing = {"compute_s", "start", "end"}` (perf_counter seconds), so that a round's wall time minus its
+    stages' compute is the orchestration overhead (benchmarks/overhead.py)."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs) -> dict:
+        start = time.perf_counter()
+        out = fn(*args, **kwargs)
+        end = time.perf_counter()
+        if isinstance(out, dict):
+            out = {**out, "timing": {"compute_s": sig4(end - start), "start": start, "end": end}}
+        return out
+
+    return wrapper

@@ -23,7 +23,7 @@ from storage.query import scan
 from storage.store import Store, fault_point
 from tasks.fewshot import demonstrations, fewshot_messages
 from tasks.lope import Rescue, is_lope_replaced, lope_rescue
-from tasks.reporting import progress_reporter, sig4
+from tasks.reporting import progress_reporter, sig4, timed
 from tasks.rewards import verify
 
 
@@ -125,6 +125,7 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
 
 
 @task(name="collect")
+@timed
 def collect_task(store_uri: str, run_id: str, round: int, policy_version: int, model_cfg: Any, rollout_cfg: Any,
                  reward_cfg: Any, use_selection: bool = False, rounds: int = 1) -> dict:
     return collect(Store(store_uri), run_id, round, policy_version, model_cfg, rollout_cfg, reward_cfg, use_selection,

@@ -20,7 +20,7 @@ from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store
 from tasks.embed import cached_embeddings
-from tasks.reporting import sig4
+from tasks.reporting import sig4, timed
 
 SELECTORS = ("kmeans", "uniform", "dapo_filter")
 
@@ -215,5 +215,6 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
 
 
 @task(name="select")
+@timed
 def select_task(store_uri: str, run_id: str, round: int, cfg, model_cfg, include_reserve: bool) -> dict:
     return select_batch(Store(store_uri), run_id, round, cfg, model_cfg, include_reserve)

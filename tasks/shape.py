@@ -15,7 +15,7 @@ from prefect import task
 from storage.query import scan
 from storage.store import Store, fault_point
 from tasks.mcmc import CONTINUE, Trace, _mean, shape_traces, tokens_changed
-from tasks.reporting import progress_reporter, sig4
+from tasks.reporting import progress_reporter, sig4, timed
 
 TEACHER_SOLUTION = """Solve this problem step by step, briefly. Its correct final answer is {answer}; end with
 \\boxed{{{answer}}}.
@@ -111,6 +111,7 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
 
 
 @task(name="shape")
+@timed
 def shape_task(store_uri: str, run_id: str, round: int, policy: str, cfg: Any, model_cfg: Any, rollout_cfg: Any,
                reward_cfg: Any, teacher_spec: str, teacher_max_new_tokens: int) -> dict:
     return shape(Store(store_uri), run_id, round, policy, cfg, model_cfg, rollout_cfg, reward_cfg, teacher_spec,

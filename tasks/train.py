@@ -32,7 +32,7 @@ from prefect import task
 from storage.query import scan
 from storage.store import Store, fault_point
 from tasks.grpo import Sequence, group_advantages, grpo_token_terms, train_round  # noqa: F401  (re-exported)
-from tasks.reporting import progress_reporter, sig4
+from tasks.reporting import progress_reporter, sig4, timed
 
 
 def rollout_sequences(rollouts: pl.DataFrame, tokenizer, eos_id: int, scale_std: bool,
@@ -145,6 +145,7 @@ def train(store: Store, run_id: str, round: int, policy_version: int, policy: st
 
 
 @task(name="train")
+@timed
 def train_task(store_uri: str, run_id: str, round: int, policy_version: int, policy: str, base: str, cfg: Any,
                model_cfg: Any, rollout_cfg: Any) -> dict:
     return train(Store(store_uri), run_id, round, policy_version, policy, base, cfg, model_cfg, rollout_cfg)

@@ -16,6 +16,7 @@ from prefect import task
 
 from storage.query import scan
 from storage.store import Store
+from tasks.reporting import timed
 
 GROUP_KEYS = ["run_id", "round", "policy_version", "prompt_id"]
 
@@ -108,5 +109,6 @@ def score(store: Store, run_id: str, round: int, beta: float, tau: float, eps: f
 
 
 @task(name="score")
+@timed
 def score_task(store_uri: str, run_id: str, round: int, beta: float, tau: float, eps: float) -> dict:
     return score(Store(store_uri), run_id, round, beta, tau, eps)

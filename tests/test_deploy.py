@@ -103,6 +103,12 @@ def test_serve_deploys_runs_a_curriculum_and_stops_clean(tmp_path, serve_env, mo
 
             curriculum = client.read_deployment_by_name("curriculum/curriculum")
             assert curriculum.work_pool_name == "refinery-process"
+            # the UI's form: RunConfig's fields with their descriptions, bounds and choices
+            form = curriculum.parameter_openapi_schema
+            defs = form["definitions"] if "definitions" in form else form["$defs"]
+            rollout = defs["RolloutConfig"]["properties"]
+            assert rollout["group_size"]["minimum"] == 2 and rollout["group_size"]["description"]
+            assert defs["SelectConfig"]["properties"]["selector"]["enum"] == ["kmeans", "uniform", "dapo_filter", "all"]
             rescore = client.read_deployment_by_name("rescore/rescore")  # nightly, from prefect.yaml
             crons = [s.schedule.cron for s in rescore.schedules if s.active and isinstance(s.schedule, CronSchedule)]
             assert crons == ["0 3 * * *"]

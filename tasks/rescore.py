@@ -1,0 +1,95 @@
+"""Rescore stage: re-probe a finished run's reserve pool with its newest checkpoint (DESIGN.md, `rescore`).
+
+Originals that stop being informative go to reserve (`utility.next_pool`); a policy that has since improved
+may find some of them informative again. This stage samples G completions for every reserve prompt of the
+run's last round with the newest checkpoint, scores them (EPS, bucket), and lands both as stage
+`rescore-v<version>` of that round: rollouts (augmentation `{"rescore": {...}}`, policy_version = the
+checkpoint) and prompt_scores. When the run is extended, round r+1's pool is derived from round r's scores
+as usual, so a reserve prompt whose EPS now exceeds tau comes back as active; the others stay in reserve for
+a later rescore (DESIGN.md also says "retires the rest"; the issue asks only to reactivate, and retiring would
+make the next night's rescore with a better checkpoint pointless).
+
+Only a completed run is rescored: its last round has trained and evaluated, so nothing of that round reads
+the added rows except the next round's pool and selection, which are meant to.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import polars as pl
+from prefect import task
+
+from models.backend import Sampling
+from models.checkpoints import versions
+from models.registry import load_backend
+from storage.query import scan
+from storage.store import Store
+from tasks.fewshot import fewshot_messages
+from tasks.reporting import progress_reporter, sig4, timed
+from tasks.rollout import rollout_table, verdicts
+from tasks.runs import run_rows
+from tasks.utility import eps_scores
+
+
+def newest_checkpoint(store: Store, run_id: str, base: str) -> tuple[int, str]:
+    known = versions(store, run_id)
+    if known.height == 0:
+        return 0, base
+    last = known.row(-1, named=True)
+    return int(last["policy_version"]), last["path"]
+
+
+def rescore(store: Store, run_id: str, config: Any) -> dict:
+    """Rescore run `run_id`'s reserve prompts of its last round with its newest checkpoint."""
+    rows = run_rows(store, run_id)
+    if rows.height == 0:
+        raise ValueError(f"run {run_id!r} is not in the store {store.uri}")
+    status = rows["status"][-1]
+    if status != "completed":
+        raise ValueError(f"run {run_id} is {status}, not completed; resume it (refinery run --run-id {run_id}) "
+                         "before rescoring its reserve pool")
+    rounds = scan(store, "pool").filter(pl.col("run_id") == run_id).select(pl.col("round").max()).collect().item()
+    version, path = newest_checkpoint(store, run_id, config.model.policy)
+    stage = f"rescore-v{version}"
+    head = {"stage": "rescore", "run_id": run_id, "round": rounds, "policy_version": version}
+    if store.landed(run_id, rounds, stage):
+        return {**head, "skipped": f"v{version} already rescored this round's reserve"}
+    this = (pl.col("run_id") == run_id) & (pl.col("round") == rounds)
+    scored = scan(store, "prompt_scores").filter(this).select("prompt_id")
+    reserve = (scan(store, "pool").filter(this & (pl.col("status") == "reserve")).select("prompt_id")
+               .join(scored, on="prompt_id", how="anti"))
+    prompts = (reserve.join(scan(store, "prompts").select("prompt_id", "text", "answer", "source", "meta")
+                            .unique("prompt_id"), on="prompt_id").sort("prompt_id").collect())
+    if prompts.height == 0:
+        store.commit(stage, {}, run_id=run_id, round=rounds)  # nothing to do, and recorded as done
+        return {**head, "reserve": 0, "reactivated": 0, "buckets": {}}
+    cfg = config.rollout
+    m = config.model
+    backend = load_backend(path, m.backend, m.device, m.dtype, m.batch_size)
+    messages, _ = fewshot_messages(prompts, pl.DataFrame(), run_id, rounds, 1, 0.0, 0, cfg.instruction)
+    rendered = [backend.render(msg) for msg in messages]
+    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens,
+                        seed=cfg.seed * 1000 + rounds + 500_000 + 1000 * version)  # apart from the rounds' seeds
+    t0 = time.perf_counter()
+    with progress_reporter(f"rescore v{version}: rollouts", prompts.height * cfg.group_size) as advance:
+        groups = backend.generate(rendered, cfg.group_size, sampling, progress=advance)
+    seconds = time.perf_counter() - t0
+    aug = json.dumps({"rescore": {"policy_version": version}})
+    table = rollout_table(prompts, groups, rendered, [[aug] * len(g) for g in groups],
+                          verdicts(prompts, groups, config.reward), run_id, rounds, version)
+    u = config.utility
+    scores = eps_scores(pl.from_arrow(table).lazy(), u.beta, u.tau, u.eps)
+    store.commit(stage, {"rollouts": table, "prompt_scores": scores.to_arrow()}, run_id=run_id, round=rounds)
+    buckets = dict(scores.group_by("bucket").len().iter_rows())
+    return {**head, "reserve": prompts.height, "rollouts": table.num_rows, "seconds": sig4(seconds),
+            "reactivated": buckets.get("informative", 0), "buckets": buckets,
+            "reactivated_ids": scores.filter(pl.col("bucket") == "informative")["prompt_id"].to_list()}
+
+
+@task(name="rescore")
+@timed
+def rescore_task(store_uri: str, run_id: str, config: Any) -> dict:
+    return rescore(Store(store_uri), run_id, config)

@@ -1,0 +1,79 @@
+"""The rescore flow: a completed run's reserve pool re-sampled with its newest checkpoint, and the next round's
+pool following the new scores."""
+
+import contextlib
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_curriculum import TINY  # noqa: E402
+
+from flows.config import load_config  # noqa: E402
+from storage.query import sql  # noqa: E402
+
+SETS = [s for s in TINY if not s.startswith("rollout.include_reserve")] + ["rollout.include_reserve=false"]
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    from flows.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_rescore_reserve_then_the_next_round_follows_it(prefect_api, store):
+    from flows.curriculum import curriculum
+    from flows.rescore import rescore
+
+    assert rescore(store=store.root)["skipped"].startswith("the store")  # a schedule before any run: a no-op
+    with pytest.raises(ValueError, match="run 'nope' is not in the store"):
+        rescore(run_id="nope", store=store.root)
+    curriculum(load_config(sets=SETS, run_id="rs", store=store.root, rounds=2))
+    reserve = set(sql(store, "SELECT prompt_id FROM pool WHERE run_id = 'rs' AND round = 1 AND status = 'reserve'"
+                      ).column("prompt_id").to_pylist())
+    assert reserve  # the tiny model fails every group, so round 0's collected originals went to reserve
+    newest = sql(store, "SELECT max(policy_version) AS v FROM checkpoints WHERE run_id = 'rs'").to_pylist()[0]["v"]
+    assert newest == 2
+
+    code, out, err = _cli("rescore", "--run-id", "rs", "--store", store.root)
+    assert code == 0, err
+    assert f"run rs round 1: rescored {len(reserve)} reserve prompts with v2 (" in out
+    rows = sql(store, """SELECT prompt_id, policy_version, count(*) AS n FROM rollouts
+                         WHERE run_id = 'rs' AND round = 1 AND augmentation LIKE '%"rescore"%' GROUP BY ALL""")
+    assert {r["prompt_id"] for r in rows.to_pylist()} == reserve
+    assert all(r["n"] == 4 and r["policy_version"] == 2 for r in rows.to_pylist())
+    scores = {r["prompt_id"]: r["bucket"] for r in sql(
+        store, "SELECT prompt_id, bucket FROM prompt_scores WHERE run_id = 'rs' AND round = 1 AND policy_version = 2"
+    ).to_pylist()}
+    assert set(scores) == reserve
+    assert sql(store, """SELECT count(*) AS n FROM (SELECT round, prompt_id FROM prompt_scores WHERE run_id = 'rs'
+                         GROUP BY ALL HAVING count(*) > 1)""").to_pylist() == [{"n": 0}]  # one score per round
+    # the same checkpoint again: nothing resampled
+    code, out, _ = _cli("rescore", "--run-id", "rs", "--store", store.root)
+    assert code == 0 and "v2 already rescored" in out
+    assert sql(store, "SELECT count(*) AS n FROM rollouts WHERE augmentation LIKE '%\"rescore\"%'"
+               ).to_pylist() == [{"n": 4 * len(reserve)}]
+
+    # extending the run: round 2's pool takes the rescored buckets (informative -> active, else reserve)
+    curriculum(load_config(sets=SETS, run_id="rs", store=store.root, rounds=3))
+    status = dict(sql(store, "SELECT prompt_id, status FROM pool WHERE run_id = 'rs' AND round = 2").to_pylist()
+                  and [(r["prompt_id"], r["status"]) for r in sql(
+                      store, "SELECT prompt_id, status FROM pool WHERE run_id = 'rs' AND round = 2").to_pylist()])
+    assert {p: status[p] for p in reserve} == {p: "active" if b == "informative" else "reserve"
+                                               for p, b in scores.items()}
+
+
+def test_rescore_refuses_a_run_that_did_not_complete(prefect_api, store):
+    from tasks.runs import mark
+
+    mark(store, "half", "running", load_config(sets=SETS, run_id="half").model_dump(mode="json"))
+    code, _, err = _cli("rescore", "--run-id", "half", "--store", store.root)
+    # taking the lock finds the dead 'running' row and marks it failed; a failed run is not rescored
+    assert code == 1 and "run half is failed, not completed; resume it" in err
+    assert sql(store, "SELECT status FROM runs WHERE run_id = 'half' ORDER BY created_at"
+               ).column("status").to_pylist() == ["running", "failed"]
