@@ -15,12 +15,17 @@ import sys
 from pathlib import Path
 
 
+def prefect_home(store: str) -> Path:
+    """$PREFECT_HOME, else <store>/.prefect for a local store (./.prefect for a remote one)."""
+    if os.environ.get("PREFECT_HOME"):
+        return Path(os.environ["PREFECT_HOME"]).expanduser().resolve()
+    local = "://" not in store or store.startswith("file://")
+    return ((Path(store.removeprefix("file://")) if local else Path.cwd()) / ".prefect").resolve()
+
+
 def _prepare_prefect(store_uri: str, verbose: bool) -> None:
     """Keep Prefect's home and database in a folder the user can see, and its console logs quiet."""
-    if "PREFECT_HOME" not in os.environ:
-        local = "://" not in store_uri or store_uri.startswith("file://")
-        base = Path(store_uri.removeprefix("file://")) if local else Path.cwd()
-        os.environ["PREFECT_HOME"] = str((base / ".prefect").resolve())
+    os.environ["PREFECT_HOME"] = str(prefect_home(store_uri))
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")

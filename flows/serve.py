@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from flows import sessions
+from flows.cli import prefect_home  # one rule for every command: $PREFECT_HOME, else <store>/.prefect
 from flows.sessions import Child
 
 REPO = Path(__file__).resolve().parents[1]  # the folder holding prefect.yaml
@@ -39,14 +40,6 @@ POOL = "refinery-process"
 
 class ServeError(RuntimeError):
     """A reason `refinery serve` could not start or stop, naming the port or log to look at."""
-
-
-def prefect_home(store: str) -> Path:
-    """$PREFECT_HOME, else <store>/.prefect for a local store (./.prefect for a remote one)."""
-    if os.environ.get("PREFECT_HOME"):
-        return Path(os.environ["PREFECT_HOME"]).expanduser().resolve()
-    local = "://" not in store or store.startswith("file://")
-    return ((Path(store.removeprefix("file://")) if local else Path.cwd()) / ".prefect").resolve()
 
 
 def _tail(log: str | Path, lines: int = 15) -> str:

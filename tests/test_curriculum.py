@@ -152,9 +152,9 @@ def uninterrupted(prefect_api, tmp_path_factory):
     return store
 
 
-@pytest.mark.parametrize("point", ["collect:mid", "refine:mid", "train:mid"])
+@pytest.mark.parametrize("point", ["collect:mid", "refine:mid", "shape:mid", "train:mid"])
 def test_sigkill_mid_stage_then_resume(prefect_api, uninterrupted, tmp_path, point):
-    """SIGKILL the flow process mid-rollout, mid-refine (teacher answers landed, refine not) or mid-train;
+    """SIGKILL the flow process mid-rollout, mid-refine (teacher answers landed, refine not), mid-shape or mid-train;
     rerunning the run id finishes with exactly the rows of an uninterrupted run of the same config."""
     store, flag = Store(tmp_path / "store"), tmp_path / "reached"
     proc = _run(store, "crash", {"REFINERY_FAULT": point, "REFINERY_FAULT_FLAG": str(flag)}, sets="train")
