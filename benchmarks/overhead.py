@@ -44,7 +44,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=5, help="no-op flow runs")
     a = p.parse_args()
     store = a.store or tempfile.mkdtemp(prefix="refinery-overhead-")
-    os.environ.setdefault("PREFECT_HOME", str(Path(store) / ".prefect"))
+    os.environ.setdefault("PREFECT_HOME", str(Path(store).resolve() / ".prefect"))
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect does not create parents
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")

@@ -46,7 +46,9 @@ PLOTS = ("pass_rate", "eps", "buckets", "lineage", "eval", "train_loss")
 MARKER = "report.json"  # marks a folder as a report, which write_report may replace
 
 _QUERIES = {
-    "scores": "SELECT round, prompt_id, mean_reward, eps, bucket FROM prompt_scores WHERE {w} ORDER BY round, prompt_id",
+    # the round's own scores: a later rescore (tasks/rescore.py) adds rows of a newer policy_version to a round
+    "scores": """SELECT round, prompt_id, mean_reward, eps, bucket FROM prompt_scores WHERE {w}
+                 QUALIFY policy_version = min(policy_version) OVER (PARTITION BY round) ORDER BY round, prompt_id""",
     "lineage": """SELECT round, strategy, count(*) FILTER (WHERE accepted) AS accepted, count(*) AS tried
                   FROM refinements WHERE {w} GROUP BY ALL ORDER BY round, strategy""",
     "selections": """SELECT round, cluster, count(*) AS prompts, avg(weight) AS mean_weight

@@ -53,6 +53,12 @@ def test_rescore_reserve_then_the_next_round_follows_it(prefect_api, store):
     assert set(scores) == reserve
     assert sql(store, """SELECT count(*) AS n FROM (SELECT round, prompt_id FROM prompt_scores WHERE run_id = 'rs'
                          GROUP BY ALL HAVING count(*) > 1)""").to_pylist() == [{"n": 0}]  # one score per round
+    # the report's per-round distributions keep to the round's own scores
+    from tasks.report import run_frames
+
+    collected = sql(store, "SELECT count(DISTINCT prompt_id) AS n FROM rollouts WHERE run_id = 'rs' AND round = 1 "
+                           "AND (augmentation IS NULL OR augmentation NOT LIKE '%\"rescore\"%')").to_pylist()[0]["n"]
+    assert run_frames(store, "rs")["scores"].filter(round=1).height == collected
     # the same checkpoint again: nothing resampled
     code, out, _ = _cli("rescore", "--run-id", "rs", "--store", store.root)
     assert code == 0 and "v2 already rescored" in out
