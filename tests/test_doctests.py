@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 MODULES = ["tasks.lope", "tasks.ladder", "tasks.grpo", "tasks.mcmc", "tasks.evaluate", "tasks.refine",
-           "tasks.fewshot", "tasks.gate", "tasks.rewards"]
+           "tasks.fewshot", "tasks.gate", "tasks.rewards", "tasks.report"]
 
 
 @pytest.mark.parametrize("name", MODULES)
