@@ -335,12 +335,16 @@ def report_task(store_uri: str, run_id: str, round: int | None = None) -> dict:
 
 # ---- Prefect artifacts of one round ---------------------------------------------------------------------------
 def slug(text: str) -> str:
-    """A Prefect artifact key part: lowercase letters, digits and single dashes.
+    """A Prefect artifact key part: lowercase letters, digits and single dashes. A run id that does not map
+    one to one (capitals, '_', '.') gets a short hash, so two such ids never share a key.
 
-    >>> slug("E2E_run.v2"), slug("__")
-    ('e2e-run-v2', 'run')
+    >>> slug("run-20261130-0412"), slug("E2E_run.v2"), slug("e2e-run-v2")
+    ('run-20261130-0412', 'e2e-run-v2-8ed7d0', 'e2e-run-v2')
     """
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "run"
+    import hashlib
+
+    key = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "run"
+    return key if key == text else f"{key}-{hashlib.sha256(text.encode()).hexdigest()[:6]}"
 
 
 def round_table(store: Store, run_id: str, round: int) -> list[dict]:

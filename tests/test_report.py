@@ -21,12 +21,12 @@ from PIL import Image
 from storage.query import sql
 from storage.store import Store
 from tasks import report
-from tasks.report import PLOTS, publish_round_artifacts, round_table, run_frames, write_report
+from tasks.report import PLOTS, publish_round_artifacts, round_table, run_frames, slug, write_report
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_curriculum import TINY  # noqa: E402
 
-SYN = "Syn_Run.1"  # not a valid artifact key as it is: slug() makes it syn-run-1
+SYN = "Syn_Run.1"  # not a valid artifact key as it is: slug() makes it syn-run-1-<hash>
 TABLE_OF_PLOT = {"pass_rate": "prompt_scores", "eps": "prompt_scores", "buckets": "prompt_scores",
                  "lineage": "refinements", "eval": "evals", "train_loss": "train_steps"}
 
@@ -262,20 +262,21 @@ def test_round_artifacts_are_published_inside_a_flow_only(prefect_api, synthetic
         with get_client(sync_client=True) as client:
             return client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
 
-    (table,) = read("syn-run-1-round-1")
+    assert slug(SYN).startswith("syn-run-1-") and slug(SYN) != slug("syn-run-1")  # no key shared with a look-alike
+    (table,) = read(f"{slug(SYN)}-round-1")
     rows = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert rows == json.loads(json.dumps(round_table(synthetic, SYN, 1)))
     buckets = {r["item"]: r["value"] for r in rows if r["section"] == "buckets"}
     counts = q(synthetic, f"SELECT bucket, count(*) AS n FROM prompt_scores WHERE run_id = '{SYN}' AND round = 1 "
                           "GROUP BY 1")
     assert all(buckets[c["bucket"]] == c["n"] for c in counts) and sum(buckets.values()) == 17
-    (summary,) = read("syn-run-1-summary")
+    (summary,) = read(f"{slug(SYN)}-summary")
     md = summary.data
     assert md.startswith(f"# Run `{SYN}`, round 1")
     assert "**collect**: rollouts 72; prompts 9; pass_rate 0.4167" in md
     assert "**refine**: skipped (already landed)" in md and "**train**: policy_version 2; steps 6" in md
     assert f"too_hard {counts_of(counts, 'too_hard')}" in md
-    assert read("syn-run-1-round-2") == []
+    assert read(f"{slug(SYN)}-round-2") == []
 
 
 def counts_of(counts: list[dict], bucket: str) -> int:
