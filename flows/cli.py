@@ -99,6 +99,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 def print_summary(out: dict) -> None:
     from storage.query import sql
     from storage.store import Store
+    from tasks.utility import ROUND_OWN_SCORES
 
     store, run = Store(out["store"]), out["run_id"]
     for s in out["stages"]:
@@ -132,8 +133,7 @@ def print_summary(out: dict) -> None:
     q = f"""SELECT round, bucket, count(*) AS prompts, round(avg(mean_reward), 3) AS mean_pass,
             round(quantile_cont(eps, 0.25), 3) AS eps_p25, round(median(eps), 3) AS eps_p50,
             round(quantile_cont(eps, 0.75), 3) AS eps_p75, round(max(eps), 3) AS eps_max
-            FROM (SELECT * FROM prompt_scores WHERE run_id = '{run}'  -- the round's own scores: a rescore adds
-                  QUALIFY policy_version = min(policy_version) OVER (PARTITION BY round))  -- newer versions' rows
+            FROM (SELECT * FROM prompt_scores WHERE run_id = '{run}' {ROUND_OWN_SCORES})
             GROUP BY ALL ORDER BY round, bucket"""
     print(_format(sql(store, q), "table"))
     reports = [s["path"] for s in out["stages"] if s.get("stage") == "report"]

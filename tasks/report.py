@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import tempfile
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +38,7 @@ from prefect import task
 from storage.query import connect
 from storage.store import Store
 from tasks.reporting import _in_prefect_run, sig4, timed
+from tasks.utility import ROUND_OWN_SCORES
 
 BUCKETS = ("informative", "saturated", "too_hard", "flat")
 COLOURS = {"informative": "#2a9d8f", "saturated": "#457b9d", "too_hard": "#e63946", "flat": "#adb5bd"}
@@ -47,8 +47,8 @@ MARKER = "report.json"  # marks a folder as a report, which write_report may rep
 
 _QUERIES = {
     # the round's own scores: a later rescore (tasks/rescore.py) adds rows of a newer policy_version to a round
-    "scores": """SELECT round, prompt_id, mean_reward, eps, bucket FROM prompt_scores WHERE {w}
-                 QUALIFY policy_version = min(policy_version) OVER (PARTITION BY round) ORDER BY round, prompt_id""",
+    "scores": f"""SELECT round, prompt_id, mean_reward, eps, bucket FROM prompt_scores WHERE {{w}}
+                  {ROUND_OWN_SCORES} ORDER BY round, prompt_id""",
     "lineage": """SELECT round, strategy, count(*) FILTER (WHERE accepted) AS accepted, count(*) AS tried
                   FROM refinements WHERE {w} GROUP BY ALL ORDER BY round, strategy""",
     "selections": """SELECT round, cluster, count(*) AS prompts, avg(weight) AS mean_weight
@@ -326,11 +326,9 @@ def write_report(store: Store, run_id: str, out_dir: str | Path | None = None) -
 @timed
 def report_task(store_uri: str, run_id: str, round: int | None = None) -> dict:
     """Redraw the run's report from the store (the flow calls it at the end of every round)."""
-    t0 = time.perf_counter()
     folder = write_report(Store(store_uri), run_id)
     plots = json.loads((folder / MARKER).read_text())["plots"]
-    return {"stage": "report", "round": round, "path": str(folder / "index.html"), "plots": plots,
-            "seconds": sig4(time.perf_counter() - t0)}
+    return {"stage": "report", "round": round, "path": str(folder / "index.html"), "plots": plots}
 
 
 # ---- Prefect artifacts of one round ---------------------------------------------------------------------------

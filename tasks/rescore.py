@@ -51,38 +51,38 @@ def rescore(store: Store, run_id: str, config: Any) -> dict:
     if status != "completed":
         raise ValueError(f"run {run_id} is {status}, not completed; resume it (refinery run --run-id {run_id}) "
                          "before rescoring its reserve pool")
-    rounds = scan(store, "pool").filter(pl.col("run_id") == run_id).select(pl.col("round").max()).collect().item()
+    last = scan(store, "pool").filter(pl.col("run_id") == run_id).select(pl.col("round").max()).collect().item()
     version, path = newest_checkpoint(store, run_id, config.model.policy)
     stage = f"rescore-v{version}"
-    head = {"stage": "rescore", "run_id": run_id, "round": rounds, "policy_version": version}
-    if store.landed(run_id, rounds, stage):
+    head = {"stage": "rescore", "run_id": run_id, "round": last, "policy_version": version}
+    if store.landed(run_id, last, stage):
         return {**head, "skipped": f"v{version} already rescored this round's reserve"}
-    this = (pl.col("run_id") == run_id) & (pl.col("round") == rounds)
+    this = (pl.col("run_id") == run_id) & (pl.col("round") == last)
     scored = scan(store, "prompt_scores").filter(this).select("prompt_id")
     reserve = (scan(store, "pool").filter(this & (pl.col("status") == "reserve")).select("prompt_id")
                .join(scored, on="prompt_id", how="anti"))
     prompts = (reserve.join(scan(store, "prompts").select("prompt_id", "text", "answer", "source", "meta")
                             .unique("prompt_id"), on="prompt_id").sort("prompt_id").collect())
     if prompts.height == 0:
-        store.commit(stage, {}, run_id=run_id, round=rounds)  # nothing to do, and recorded as done
+        store.commit(stage, {}, run_id=run_id, round=last)  # nothing to do, and recorded as done
         return {**head, "reserve": 0, "reactivated": 0, "buckets": {}}
     cfg = config.rollout
     m = config.model
     backend = load_backend(path, m.backend, m.device, m.dtype, m.batch_size)
-    messages, _ = fewshot_messages(prompts, pl.DataFrame(), run_id, rounds, 1, 0.0, 0, cfg.instruction)
+    messages, _ = fewshot_messages(prompts, pl.DataFrame(), run_id, last, 1, 0.0, 0, cfg.instruction)
     rendered = [backend.render(msg) for msg in messages]
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens,
-                        seed=cfg.seed * 1000 + rounds + 500_000 + 1000 * version)  # apart from the rounds' seeds
+                        seed=cfg.seed * 1000 + last + 500_000 + 1000 * version)  # apart from the rounds' seeds
     t0 = time.perf_counter()
     with progress_reporter(f"rescore v{version}: rollouts", prompts.height * cfg.group_size) as advance:
         groups = backend.generate(rendered, cfg.group_size, sampling, progress=advance)
     seconds = time.perf_counter() - t0
     aug = json.dumps({"rescore": {"policy_version": version}})
     table = rollout_table(prompts, groups, rendered, [[aug] * len(g) for g in groups],
-                          verdicts(prompts, groups, config.reward), run_id, rounds, version)
+                          verdicts(prompts, groups, config.reward), run_id, last, version)
     u = config.utility
     scores = eps_scores(pl.from_arrow(table).lazy(), u.beta, u.tau, u.eps)
-    store.commit(stage, {"rollouts": table, "prompt_scores": scores.to_arrow()}, run_id=run_id, round=rounds)
+    store.commit(stage, {"rollouts": table, "prompt_scores": scores.to_arrow()}, run_id=run_id, round=last)
     buckets = dict(scores.group_by("bucket").len().iter_rows())
     return {**head, "reserve": prompts.height, "rollouts": table.num_rows, "seconds": sig4(seconds),
             "reactivated": buckets.get("informative", 0), "buckets": buckets,

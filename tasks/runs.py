@@ -16,7 +16,7 @@ import json
 import os
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 
 import polars as pl
@@ -72,13 +72,12 @@ def _holder(store: Store, run_id: str) -> str:
 def run_lock(store: Store, run_id: str) -> Iterator[None]:
     """Hold run `run_id`'s lock, or raise RunLocked at once naming the holder. On entry, a run whose latest
     row is still live was abandoned by a dead process: it is marked `failed` (with the dead writer's config)."""
-    held = store.lock(f"run-{run_id}", timeout=0)
-    try:
-        held.__enter__()
-    except Timeout:
-        raise RunLocked(f"run {run_id} is already running ({_holder(store, run_id)}); wait for it to finish, "
-                        "or choose another run id") from None
-    try:
+    with ExitStack() as held:
+        try:
+            held.enter_context(store.lock(f"run-{run_id}", timeout=0))
+        except Timeout:
+            raise RunLocked(f"run {run_id} is already running ({_holder(store, run_id)}); wait for it to finish, "
+                            "or choose another run id") from None
         rows = run_rows(store, run_id)
         if rows.height and rows["status"][-1] in LIVE:
             last = rows.row(-1, named=True)
@@ -86,5 +85,3 @@ def run_lock(store: Store, run_id: str) -> Iterator[None]:
             reason = f"the process that ran it{who} ended without finishing; found by pid {os.getpid()}"
             mark(store, run_id, "failed", json.loads(last["config"]), reason)
         yield
-    finally:
-        held.__exit__(None, None, None)

@@ -20,6 +20,11 @@ from tasks.reporting import timed
 
 GROUP_KEYS = ["run_id", "round", "policy_version", "prompt_id"]
 
+# Readers of one round's score distribution keep to the round's own scores with this SQL clause: a rescore
+# (tasks/rescore.py) adds rows of a newer policy_version to the round it rescored, which the next round's pool
+# and selection are meant to read.
+ROUND_OWN_SCORES = "QUALIFY policy_version = min(policy_version) OVER (PARTITION BY run_id, round)"
+
 
 def eps_scores(rollouts: pl.LazyFrame | pl.DataFrame, beta: float = 0.5, tau: float = 0.0,
                eps: float = 1e-6) -> pl.DataFrame:

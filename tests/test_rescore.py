@@ -67,9 +67,8 @@ def test_rescore_reserve_then_the_next_round_follows_it(prefect_api, store):
 
     # extending the run: round 2's pool takes the rescored buckets (informative -> active, else reserve)
     curriculum(load_config(sets=SETS, run_id="rs", store=store.root, rounds=3))
-    status = dict(sql(store, "SELECT prompt_id, status FROM pool WHERE run_id = 'rs' AND round = 2").to_pylist()
-                  and [(r["prompt_id"], r["status"]) for r in sql(
-                      store, "SELECT prompt_id, status FROM pool WHERE run_id = 'rs' AND round = 2").to_pylist()])
+    status = {r["prompt_id"]: r["status"] for r in sql(
+        store, "SELECT prompt_id, status FROM pool WHERE run_id = 'rs' AND round = 2").to_pylist()}
     assert {p: status[p] for p in reserve} == {p: "active" if b == "informative" else "reserve"
                                                for p, b in scores.items()}
 
