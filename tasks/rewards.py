@@ -1,8 +1,12 @@
 """Verifiers: a completion and its prompt's reference -> a reward in [0, 1] and `correct` (reward 1.0 only).
 
 - `rg`: reasoning-gym's own `score_answer` for the prompt's source task (it may give partial credit);
-- `math`: math-verify equivalence. Its own timeouts use SIGALRM, which breaks off the main thread, so they
-  are disabled and the call is bounded here instead, on a worker thread;
+- `math`: math-verify equivalence, run in a separate worker process. math-verify's own timeouts use SIGALRM
+  (main thread only), and a thread cannot bound it either: sympy evaluates e.g. 10^{10^{10}} exactly, a
+  big-integer power that holds the GIL for minutes, so a timed wait on a worker thread never even returns,
+  and a stuck thread cannot be stopped. A process can be: a check that overruns its timeout scores 0, is
+  flagged (`Verdict.timed_out`, counted by the collect and evaluate stages) and logged, and its worker is
+  killed and replaced, so the next check starts on a fresh one;
 - `exact`: normalised string / numeric equality.
 The answer is taken from the last \\boxed{...} or <answer>...</answer>; outside strict mode, from "answer is
 X" or the last number. Model output is only ever parsed as text, never executed.
@@ -10,17 +14,25 @@ X" or the last number. Model output is only ever parsed as text, never executed.
 
 from __future__ import annotations
 
+import atexit
 import json
+import logging
+import os
 import re
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+import select
+import subprocess
+import sys
+import tempfile
+import threading
 from dataclasses import dataclass
-from functools import cache
+from pathlib import Path
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*\$?([^\n$]*?)\$?\s*(?:\.|$|\n)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 MAX_VERIFY_CHARS = 2_000  # longer extracted answers are wrong for our sources, and slow to parse
+MATH_VERIFY_TIMEOUT_S = 5.0
+log = logging.getLogger("refinery.verify")
 
 
 @dataclass(frozen=True)
@@ -28,6 +40,7 @@ class Verdict:
     reward: float
     correct: bool
     extracted: str | None
+    timed_out: bool = False  # the math-verify check overran its timeout (and scored 0)
 
 
 def last_boxed(text: str) -> str | None:
@@ -97,36 +110,121 @@ def exact_match(pred: str | None, ref: str) -> float:
     return float(pred is not None and _normalise(pred) == _normalise(ref))
 
 
-@cache
-def _pool() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="math-verify")
-
-
-def _math_verify(pred: str, ref: str) -> bool:
-    import logging
-
-    from math_verify import parse, verify
+def _serve_math_verify() -> None:
+    """The worker process's loop: one JSON [pred, ref] per stdin line -> "1" or "0" per stdout line."""
+    from math_verify import parse
+    from math_verify import verify as mv_verify
 
     # it warns on every call that its (SIGALRM) timeouts are off; they are, on purpose: see module docstring
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+    replies = sys.stdout
+    sys.stdout = sys.stderr  # a library's stray print must never be taken for a reply
+    replies.write("ready\n")
+    replies.flush()
+    for line in sys.stdin:
+        pred, ref = json.loads(line)
+        try:
+            gold = parse(f"${ref}$", parsing_timeout=None)
+            guess = parse(f"${pred}$", parsing_timeout=None)
+            ok = bool(gold and guess and mv_verify(gold, guess, timeout_seconds=None))
+        except Exception:  # math-verify raises assorted errors on malformed LaTeX: malformed means wrong
+            ok = False
+        replies.write("1\n" if ok else "0\n")
+        replies.flush()
 
-    gold = parse(f"${ref}$", parsing_timeout=None)
-    guess = parse(f"${pred}$", parsing_timeout=None)
-    return bool(gold and guess and verify(gold, guess, timeout_seconds=None))
+
+class MathVerifyWorker:
+    """A math-verify worker process, started on first use and replaced after a timeout (or a crash).
+
+    Checks are serialised by a lock (one process, one check at a time); a process that forks gets its own
+    worker. The start-up (importing sympy, about 0.5 s) is not charged to the first check's timeout.
+    """
+
+    START_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine can take seconds
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._owner = 0  # pid that started _proc: a forked child must not share its parent's pipes
+        self.timeouts = 0  # checks that overran, in this process's lifetime
+        self.starts = 0
+
+    def _start(self) -> subprocess.Popen:
+        root = str(Path(__file__).resolve().parents[1])  # the worker imports tasks.rewards from this checkout
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+        errors = tempfile.TemporaryFile()
+        proc = subprocess.Popen([sys.executable, "-c", "from tasks.rewards import _serve_math_verify as s; s()"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env,
+                                text=True, bufsize=1, start_new_session=True)  # Ctrl-C goes to us, not to it
+        ready = select.select([proc.stdout], [], [], self.START_TIMEOUT_S)[0] and proc.stdout.readline()
+        if ready != "ready\n":
+            self._kill(proc)
+            errors.seek(0)
+            tail = errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"the math-verify worker process did not start: {tail[0]}")
+        errors.close()
+        self.starts += 1
+        return proc
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            pipe.close()
+
+    def check(self, pred: str, ref: str, timeout: float) -> bool | None:
+        """math-verify's verdict on pred == ref, or None if it overran `timeout` seconds (the worker is
+        then killed, and the next check starts a new one)."""
+        with self._lock:
+            if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
+                self._proc, self._owner = self._start(), os.getpid()
+            proc = self._proc
+            try:
+                proc.stdin.write(json.dumps([pred, ref]) + "\n")
+                proc.stdin.flush()
+            except BrokenPipeError:  # it died between checks (killed from outside): one retry on a fresh one
+                self._kill(proc)
+                self._proc = proc = self._start()
+                proc.stdin.write(json.dumps([pred, ref]) + "\n")
+                proc.stdin.flush()
+            if select.select([proc.stdout], [], [], timeout)[0]:
+                reply = proc.stdout.readline()
+                if reply in ("1\n", "0\n"):
+                    return reply == "1\n"
+            self.timeouts += 1  # no reply in time, or it died mid-check: either way this check cost its budget
+            self._kill(proc)
+            self._proc = None
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None and self._owner == os.getpid():
+                self._kill(self._proc)
+            self._proc = None
 
 
-def math_equiv(pred: str | None, ref: str, timeout: float = 5.0) -> float:
-    """math-verify equivalence, bounded by `timeout` seconds (a timeout scores 0)."""
+MATH_VERIFY = MathVerifyWorker()
+atexit.register(MATH_VERIFY.close)
+
+
+def math_check(pred: str | None, ref: str, timeout: float = MATH_VERIFY_TIMEOUT_S) -> tuple[float, bool]:
+    """(score, timed_out): math-verify equivalence, bounded by `timeout` seconds (a timeout scores 0)."""
     if pred is None or len(pred) > MAX_VERIFY_CHARS:
-        return 0.0
+        return 0.0, False
     if exact_match(pred, ref):
-        return 1.0
-    try:
-        return float(_pool().submit(_math_verify, pred, ref).result(timeout=timeout))
-    except FutureTimeout:
-        return 0.0
-    except Exception:  # math-verify raises assorted errors on malformed LaTeX: malformed means wrong
-        return 0.0
+        return 1.0, False
+    ok = MATH_VERIFY.check(pred, ref, timeout)
+    if ok is None:
+        log.warning("math-verify timed out after %.1f s on answer %.80r (reference %.40r): scored 0, worker "
+                    "replaced (%d timeouts so far)", timeout, pred, ref, MATH_VERIFY.timeouts)
+        return 0.0, True
+    return float(ok), False
+
+
+def math_equiv(pred: str | None, ref: str, timeout: float = MATH_VERIFY_TIMEOUT_S) -> float:
+    """math-verify equivalence, bounded by `timeout` seconds (a timeout scores 0)."""
+    return math_check(pred, ref, timeout)[0]
 
 
 def rg_score(pred: str | None, ref: str, task: str, question: str, meta: str | None) -> float:
@@ -150,20 +248,23 @@ def verify(
     verifier: str = "auto",
     strict: bool = False,
     format_weight: float = 0.0,
+    math_timeout: float = MATH_VERIFY_TIMEOUT_S,
 ) -> Verdict:
-    """Score one completion. `auto` uses reasoning-gym for rg: sources, math-verify otherwise."""
+    """Score one completion. `auto` uses reasoning-gym for rg: sources, math-verify otherwise (bounded by
+    `math_timeout` seconds; a timeout scores 0 and sets `timed_out`)."""
     pred = extract_answer(completion, strict=strict)
     if meta and '"options"' in meta:  # a multiple-choice variant: a bare letter stands for its option's value
         from tasks.ladder import option_value
 
         pred = option_value(pred, json.loads(meta).get("options") or [])
     kind = verifier if verifier != "auto" else ("rg" if source.startswith("rg:") else "math")
+    timed_out = False
     if kind == "rg":
         if not source.startswith("rg:"):
             raise ValueError(f"verifier 'rg' needs an rg: source, got {source!r}")
         score = rg_score(pred, answer, source[3:], question, meta)
     elif kind == "math":
-        score = math_equiv(pred, answer)
+        score, timed_out = math_check(pred, answer, math_timeout)
     elif kind == "exact":
         score = exact_match(pred, answer)
     else:
@@ -172,4 +273,4 @@ def verify(
     if format_weight:
         formatted = extract_answer(completion, strict=True) is not None
         score = (1 - format_weight) * score + format_weight * float(formatted)
-    return Verdict(reward=score, correct=correct, extracted=pred)
+    return Verdict(reward=score, correct=correct, extracted=pred, timed_out=timed_out)

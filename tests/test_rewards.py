@@ -1,9 +1,16 @@
 import json
+import logging
+import os
+import signal
+import time
 
 import pytest
 import reasoning_gym
 
-from tasks.rewards import exact_match, extract_answer, last_boxed, math_equiv, verify
+from tasks.rewards import MATH_VERIFY, exact_match, extract_answer, last_boxed, math_check, math_equiv, verify
+
+# sympy evaluates this power exactly: minutes of big-integer arithmetic that hold the GIL the whole time
+HANGS_MATH_VERIFY = r"10^{10^{10}}"
 
 
 def _rg(task, **params):
@@ -87,3 +94,36 @@ def test_model_output_is_never_executed(tmp_path):
         verify(evil, "1", "file", verifier=verifier)
         verify(rf"\boxed{{{evil}}}", "1", "file", verifier=verifier)
     assert not marker.exists()
+
+
+def test_a_hung_math_check_costs_only_itself(caplog):
+    """Three checks that would run for minutes each time out, are flagged and logged, and kill their worker;
+    the checks after them still score right. (With a worker thread, the first one never returned: the
+    big-integer power holds the GIL, so even the timed wait could not run.)"""
+    assert math_equiv(r"\frac{1}{2}", "0.5") == 1.0  # a worker is up before the clock starts
+    before, starts = MATH_VERIFY.timeouts, MATH_VERIFY.starts
+    t0 = time.perf_counter()
+    with caplog.at_level(logging.WARNING, logger="refinery.verify"):
+        for _ in range(3):
+            assert math_check(HANGS_MATH_VERIFY, "1", timeout=0.5) == (0.0, True)
+    assert time.perf_counter() - t0 < 15  # each paid its 0.5 s budget plus a worker restart, not minutes
+    assert MATH_VERIFY.timeouts - before == 3
+    assert sum("math-verify timed out" in r.getMessage() for r in caplog.records) == 3
+    assert math_check(r"\frac{1}{2}", "0.5") == (1.0, False)  # later checks are scored, on a fresh worker
+    assert math_check("2/4", r"\frac{1}{2}") == (1.0, False)
+    assert math_check("3", "-3") == (0.0, False)
+    assert MATH_VERIFY.starts - starts == 3  # one replacement per timeout (the last one started on demand)
+
+
+def test_verdict_flags_a_timed_out_check():
+    v = verify(rf"\boxed{{{HANGS_MATH_VERIFY}}}", "1", "file", verifier="math", math_timeout=0.5)
+    assert (v.reward, v.correct, v.timed_out) == (0.0, False, True)
+    ok = verify(r"\boxed{\frac{1}{2}}", "0.5", "file", verifier="math")
+    assert (ok.reward, ok.correct, ok.timed_out) == (1.0, True, False)
+
+
+def test_a_worker_killed_from_outside_is_replaced():
+    assert math_equiv(r"\frac{1}{2}", "0.5") == 1.0
+    os.kill(MATH_VERIFY._proc.pid, signal.SIGKILL)
+    MATH_VERIFY._proc.wait()
+    assert math_check(r"\frac{3}{4}", "0.75") == (1.0, False)
