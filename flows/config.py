@@ -47,7 +47,9 @@ class PoolConfig(Section):
 class ModelConfig(Section):
     policy: str = Field("default", description="'default' (embedded SmolLM2-135M-Instruct), 'tiny-random', "
                         "a local checkpoint folder, or a Hugging Face id")
-    backend: Literal["transformers", "vllm"] = Field("transformers", description="vllm needs the gpu extra")
+    backend: Literal["transformers", "vllm", "scripted"] = Field(
+        "transformers", description="vllm needs the gpu extra; scripted is a deterministic test policy that "
+        "solves each prompt at a fixed rate, with the policy model's real token log-probs (models/scripted.py)")
     device: str = Field("cpu", description="cpu, cuda or cuda:N")
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 where the device has it natively")
     batch_size: int = Field(64, ge=1, le=4096, description="sequences decoded together")

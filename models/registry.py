@@ -156,8 +156,12 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
             from models.vllm_backend import VLLMBackend
 
             _LOADED[key] = VLLMBackend(path, dtype=dtype)
+        elif backend == "scripted":
+            from models.scripted import ScriptedBackend
+
+            _LOADED[key] = ScriptedBackend(path, device=device, dtype=dtype, batch_size=batch_size)
         else:
-            raise ModelSpecError(f"unknown backend {backend!r}: use transformers or vllm")
+            raise ModelSpecError(f"unknown backend {backend!r}: use transformers, vllm or scripted")
     return _LOADED[key]
 
 
