@@ -105,9 +105,17 @@ class RefineConfig(Section):
     hint_fraction: float = Field(0.3, gt=0.0, lt=1.0, description="f: share of the solution revealed; each "
                                  "promotion of a hint child lowers it by 0.1, down to the open question")
     teacher: str = Field("policy", description="'policy', 'openai:<base url>#<model>', or a model spec")
-    teacher_max_new_tokens: int = Field(128, ge=8, le=4096)
+    teacher_max_new_tokens: int = Field(128, ge=8, le=4096, description="longest teacher answer, in tokens")
     teacher_distractors: bool = Field(True, description="ask the teacher for multiple-choice distractors "
                                       "(programmatic ones fill the rest)")
+    teacher_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="openai teacher: seconds to connect and "
+                                     "to wait for each reply's bytes, per request; also caps a 429's Retry-After")
+    teacher_retries: int = Field(3, ge=0, le=20, description="openai teacher: retries of a request after a "
+                                 "connection error, timeout, 429 or 5xx; then that prompt falls back "
+                                 "('teacher unavailable: ...' in refinements) and the round goes on")
+    teacher_backoff_s: float = Field(1.0, ge=0.0, le=600.0, description="openai teacher: wait before the first "
+                                     "retry, doubled for each next one (a 429's Retry-After replaces it)")
+    teacher_concurrency: int = Field(4, ge=1, le=256, description="openai teacher: requests in flight at once")
 
 
 class ShapeConfig(Section):

@@ -174,9 +174,11 @@ def release_backends() -> None:
     gc.collect()
 
 
-def load_teacher(spec: str, model_cfg):
+def load_teacher(spec: str, model_cfg, options=None):
     """A teacher backend: 'policy' (the run's policy model), 'openai:<base url>#<model>' (an
-    OpenAI-compatible endpoint), or any model spec `resolve` accepts."""
+    OpenAI-compatible endpoint), or any model spec `resolve` accepts. `options` (the run's RefineConfig, or
+    anything with its teacher_timeout_s, teacher_retries, teacher_backoff_s and teacher_concurrency) tunes an
+    endpoint's timeouts, retries and concurrency; without it the endpoint's defaults apply."""
     if spec == "policy":
         return load_backend(model_cfg.policy, model_cfg.backend, model_cfg.device, model_cfg.dtype,
                             model_cfg.batch_size)
@@ -184,7 +186,10 @@ def load_teacher(spec: str, model_cfg):
         from models.openai_http import OpenAIBackend
 
         url, _, model = spec[len("openai:"):].partition("#")
-        if not model:
-            raise ModelSpecError(f"teacher {spec!r}: expected openai:<base url>#<model name>")
-        return OpenAIBackend(url, model)
+        if not model or not url.startswith(("http://", "https://")):
+            raise ModelSpecError(f"teacher {spec!r}: expected openai:<http(s) base url>#<model name>")
+        tuning = {} if options is None else {
+            "timeout_s": options.teacher_timeout_s, "retries": options.teacher_retries,
+            "backoff_s": options.teacher_backoff_s, "concurrency": options.teacher_concurrency}
+        return OpenAIBackend(url, model, **tuning)
     return load_backend(spec, "transformers", model_cfg.device, model_cfg.dtype, model_cfg.batch_size)
