@@ -63,6 +63,7 @@ TABLES: dict[str, pa.Schema] = {
         _f("mean_logprob", pa.float64(), True),
         _f("finish_reason", pa.string()),
         _f("augmentation", pa.string(), True),
+        _f("verify_timeout", pa.bool_(), True),  # the verifier overran its timeout (scored 0); null: older rows
     ]),
     "prompt_scores": pa.schema([
         _f("run_id", pa.string()),

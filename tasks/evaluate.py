@@ -61,7 +61,7 @@ def evaluate_versions(store: Store, run_id: str, round: int, versions: list[tupl
                       model_cfg: Any, rollout_cfg: Any, reward_cfg: Any, stage: str = "evaluate") -> dict:
     """Evaluate each (policy_version, model spec) on the held-out split; land one `evals` row per version."""
     from models.registry import load_backend
-    from tasks.rewards import verify
+    from tasks.rewards import report_timeouts, verify
 
     if store.landed(run_id, round, stage):
         return {"stage": stage, "round": round, "skipped": "already landed"}
@@ -69,7 +69,7 @@ def evaluate_versions(store: Store, run_id: str, round: int, versions: list[tupl
     if prompts.height == 0:
         raise ValueError(f"run {run_id} has no held-out prompts (eval.heldout_fraction was 0, or the run predates "
                          "held-out splits)")
-    rows = []
+    rows, timeouts = [], 0
     for version, spec in versions:
         backend = load_backend(spec, model_cfg.backend, model_cfg.device, model_cfg.dtype, model_cfg.batch_size)
         rendered = [backend.render([{"role": "user", "content": f"{t}\n{rollout_cfg.instruction}".strip()}])
@@ -78,15 +78,18 @@ def evaluate_versions(store: Store, run_id: str, round: int, versions: list[tupl
                                                                     cfg.seed * 1000 + version))
         p1, pk = [], []
         for row, group in zip(prompts.iter_rows(named=True), groups):
-            c = sum(verify(g.text, row["answer"], row["source"], row["text"], row["meta"], reward_cfg.verifier,
-                           reward_cfg.strict, reward_cfg.format_weight).correct for g in group)
+            checked = [verify(g.text, row["answer"], row["source"], row["text"], row["meta"], reward_cfg.verifier,
+                              reward_cfg.strict, reward_cfg.format_weight) for g in group]
+            c = sum(v.correct for v in checked)
+            timeouts += sum(v.timed_out for v in checked)
             p1.append(c / len(group))
             pk.append(pass_at_k(len(group), c, cfg.k))
         rows.append({"run_id": run_id, "round": round, "policy_version": version, "split": "heldout",
                      "n_prompts": prompts.height, "k": cfg.k, "pass_at_1": sum(p1) / len(p1),
                      "pass_at_k": sum(pk) / len(pk)})
     store.commit(stage, {"evals": pa.Table.from_pylist(rows)}, run_id=run_id, round=round)
-    return {"stage": stage, "round": round, "prompts": prompts.height,
+    report_timeouts(stage, round, timeouts)
+    return {"stage": stage, "round": round, "prompts": prompts.height, "verify_timeouts": timeouts,
             "versions": {r["policy_version"]: {"pass_at_1": sig4(r["pass_at_1"]), f"pass_at_{cfg.k}": sig4(r["pass_at_k"])}
                          for r in rows}}
 

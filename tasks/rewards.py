@@ -208,8 +208,10 @@ MATH_VERIFY = MathVerifyWorker()
 atexit.register(MATH_VERIFY.close)
 
 
-def math_check(pred: str | None, ref: str, timeout: float = MATH_VERIFY_TIMEOUT_S) -> tuple[float, bool]:
-    """(score, timed_out): math-verify equivalence, bounded by `timeout` seconds (a timeout scores 0)."""
+def math_check(pred: str | None, ref: str, timeout: float | None = None) -> tuple[float, bool]:
+    """(score, timed_out): math-verify equivalence, bounded by `timeout` seconds (default
+    MATH_VERIFY_TIMEOUT_S; a timeout scores 0)."""
+    timeout = MATH_VERIFY_TIMEOUT_S if timeout is None else timeout
     if pred is None or len(pred) > MAX_VERIFY_CHARS:
         return 0.0, False
     if exact_match(pred, ref):
@@ -222,9 +224,24 @@ def math_check(pred: str | None, ref: str, timeout: float = MATH_VERIFY_TIMEOUT_
     return float(ok), False
 
 
-def math_equiv(pred: str | None, ref: str, timeout: float = MATH_VERIFY_TIMEOUT_S) -> float:
+def math_equiv(pred: str | None, ref: str, timeout: float | None = None) -> float:
     """math-verify equivalence, bounded by `timeout` seconds (a timeout scores 0)."""
     return math_check(pred, ref, timeout)[0]
+
+
+def report_timeouts(stage: str, round: int, n: int) -> None:
+    """One warning line for a stage whose math-verify checks timed out: in Prefect's run log inside a run
+    (where the UI shows it), else on this module's logger."""
+    if not n:
+        return
+    msg = f"{stage} round {round}: {n} math-verify check(s) timed out and scored 0"
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        get_run_logger().warning(msg)
+    except MissingContextError:
+        log.warning(msg)
 
 
 def rg_score(pred: str | None, ref: str, task: str, question: str, meta: str | None) -> float:
@@ -248,7 +265,7 @@ def verify(
     verifier: str = "auto",
     strict: bool = False,
     format_weight: float = 0.0,
-    math_timeout: float = MATH_VERIFY_TIMEOUT_S,
+    math_timeout: float | None = None,
 ) -> Verdict:
     """Score one completion. `auto` uses reasoning-gym for rg: sources, math-verify otherwise (bounded by
     `math_timeout` seconds; a timeout scores 0 and sets `timed_out`)."""

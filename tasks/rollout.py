@@ -24,7 +24,7 @@ from storage.store import Store, fault_point
 from tasks.fewshot import demonstrations, fewshot_messages
 from tasks.lope import Rescue, is_lope_replaced, lope_rescue
 from tasks.reporting import progress_reporter, sig4, timed
-from tasks.rewards import verify
+from tasks.rewards import report_timeouts, verify
 
 
 def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, include_reserve: bool) -> pl.DataFrame:
@@ -55,13 +55,14 @@ def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], augm
                   checked: list[list], run_id: str, round: int, policy_version: int) -> pa.Table:
     cols: dict[str, list] = {k: [] for k in ("prompt_id", "sample_idx", "prompt_text", "completion", "reward",
                                              "correct", "n_tokens", "mean_logprob", "finish_reason",
-                                             "augmentation")}
+                                             "augmentation", "verify_timeout")}
     for row, text, augs, group, vs in zip(prompts.iter_rows(named=True), rendered, augmentation, groups, checked):
         for i, (c, aug, v) in enumerate(zip(group, augs, vs)):
             for k, x in (("prompt_id", row["prompt_id"]), ("sample_idx", i), ("prompt_text", text),
                          ("completion", c.text), ("reward", v.reward), ("correct", v.correct),
                          ("n_tokens", c.n_tokens), ("mean_logprob", c.mean_logprob),
-                         ("finish_reason", c.finish_reason), ("augmentation", aug)):
+                         ("finish_reason", c.finish_reason), ("augmentation", aug),
+                         ("verify_timeout", v.timed_out)):
                 cols[k].append(x)
     n = len(cols["prompt_id"])
     cols["augmentation"] = pa.array(cols["augmentation"], pa.string())
@@ -96,6 +97,7 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
     seconds = time.perf_counter() - t0
     n_tokens = sum(c.n_tokens for g in groups for c in g)  # the sampling pass's own tokens (LoPE reported apart)
     checked = verdicts(prompts, groups, reward_cfg)
+    timeouts = sum(v.timed_out for vs in checked for v in vs)
     augs = [[a] * len(g) for a, g in zip(augmentation, groups)]
     rescue = Rescue()
     if rollout_cfg.lope_prefixes and rollout_cfg.lope_samples:
@@ -115,11 +117,14 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
             for j, c in enumerate(group):
                 if (i, c.text) in seen and is_lope_replaced(augs[i][j]):
                     checked[i][j] = seen[(i, c.text)]
+        timeouts += sum(v.timed_out for v in seen.values())
     table = rollout_table(prompts, groups, rendered, augs, checked, run_id, round, policy_version)
     store.commit("collect", {"rollouts": table}, run_id=run_id, round=round)
+    report_timeouts("collect", round, timeouts)
     return {"stage": "collect", "round": round, "prompts": prompts.height, "rollouts": table.num_rows,
             "tokens": n_tokens, "seconds": sig4(seconds), "tokens_per_s": sig4(n_tokens / max(seconds, 1e-9)),
             "pass_rate": sig4(sum(table["correct"].to_pylist()) / max(table.num_rows, 1)),
+            "verify_timeouts": timeouts,
             "lope": {"groups": rescue.groups, "rescued": rescue.rescued, "replaced": rescue.replaced,
                      "resamples": rescue.resamples, "seconds": sig4(rescue.seconds)}}
 
