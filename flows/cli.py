@@ -3,6 +3,12 @@
 Every command takes --store DIR|URI (default $REFINERY_STORE, else ./refinery-store). Exit code 0 on
 success; otherwise non-zero with the reason on stderr. Prefect is imported lazily, after its home has been
 pointed inside the store, so that it never scatters state into ~ and commands that need no flow start fast.
+
+Errors: every failure prints one line, `refinery: error: <what, naming the input>`, plus at most one
+`hint: ...` line, and exits 1 (2 for a bad command line); the traceback only with --debug or
+REFINERY_DEBUG=1. What can be checked before Prefect starts is (the store, a run's whole config, an ingest
+source's name and file), so a typo costs no server start. Prefect's console log is silenced unless -v is
+given: its ERROR records carry the same traceback again (its API log handler still feeds the UI).
 """
 
 from __future__ import annotations
@@ -11,8 +17,21 @@ import argparse
 import io
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
+
+READ_COMMANDS = ("sql", "lineage", "report", "eval", "catalog", "rescore")  # refused on a store that is not there
+
+
+class CliError(ValueError):
+    """A bad command-line input, found before any work; `hint` is printed on a second line."""
+
+    user_facing = True
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
 
 
 def prefect_home(store: str) -> Path:
@@ -23,12 +42,17 @@ def prefect_home(store: str) -> Path:
     return ((Path(store.removeprefix("file://")) if local else Path.cwd()) / ".prefect").resolve()
 
 
-def _prepare_prefect(store_uri: str, verbose: bool) -> None:
-    """Keep Prefect's home and database in a folder the user can see, and its console logs quiet."""
+def _prepare_prefect(store_uri: str, verbose: bool, console: bool = False) -> None:
+    """Keep Prefect's home and database in a folder the user can see, and its console logs quiet (unless
+    `verbose`, or `console` for a command whose job is to show them)."""
     os.environ["PREFECT_HOME"] = str(prefect_home(store_uri))
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    if not (verbose or console):
+        # Prefect logs a failing task or flow at ERROR with its whole traceback (and again per state change);
+        # the CLI prints the reason as one line instead. The API handler still sends every record to the UI.
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
     # A fresh ephemeral server migrates its SQLite database first; on a busy 2-core machine that has taken
     # over Prefect's default 20 s, and the run then died before doing anything.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
@@ -50,7 +74,35 @@ def _params(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+def _check_ingest_source(source: str, params: dict) -> None:
+    """The source's name, and a file's existence, type and emptiness, before Prefect starts (the flow then
+    validates every row)."""
+    if source.startswith("rg:"):
+        from tasks.sources import parse_param, rg_config_fields
+
+        rg_config_fields(source[3:])
+        for k, v in params.items():
+            parse_param(source[3:], k, v)
+        return
+    path = Path(source)
+    if not path.exists():
+        raise CliError(f"{source}: no such file", hint="a source is rg:<reasoning-gym task> or a .jsonl/.parquet file")
+    if not path.is_file():
+        raise CliError(f"{source} is a folder, not a .jsonl or .parquet file")
+    if path.suffix.lower() == ".jsonl" and not _has_text(path):
+        raise CliError(f"{source}: no rows (the file is empty or holds only blank lines)")
+
+
+def _has_text(path: Path, chunk: int = 1 << 16) -> bool:
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            if block.strip():
+                return True
+    return False
+
+
 def cmd_ingest(a: argparse.Namespace) -> int:
+    _check_ingest_source(a.source, _params(a.param))
     _prepare_prefect(a.store, a.verbose)
     from flows.ingest import ingest
 
@@ -66,8 +118,10 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 
 def cmd_run(a: argparse.Namespace) -> int:
     from flows.config import load_config
+    from flows.preflight import validate_for_run
 
     config = load_config(a.config, a.set, run_id=a.run_id, rounds=a.rounds, store=a.store)  # fails before any work
+    validate_for_run(config)  # sources, models, teacher, backend: still before Prefect starts
     _prepare_prefect(a.store, a.verbose)
     from flows.curriculum import curriculum
 
@@ -141,8 +195,14 @@ def print_summary(out: dict) -> None:
         print(f"report: {reports[-1]} (redraw it with: refinery report {run})")
     how = "resumed" if out["started_as"] == "resumed" else "new run"
     print(f"run {run} ({how}) finished in {out['seconds']:.0f} s; store: {store.uri}")
-    example = f"SELECT round, bucket, count(*) FROM prompt_scores WHERE run_id = '{run}' GROUP BY ALL ORDER BY ALL"
-    print(f'try: refinery sql --store {store.uri} "{example}"')
+    print(f"try: {try_command(store.uri, run)}")
+
+
+def try_command(store_uri: str, run_id: str) -> str:
+    """A `refinery sql` command line for the end of a run, quoted so that a shell gives it back as argv."""
+    literal = "'" + run_id.replace("'", "''") + "'"  # an SQL string literal (run ids cannot hold quotes today)
+    example = f"SELECT round, bucket, count(*) FROM prompt_scores WHERE run_id = {literal} GROUP BY ALL ORDER BY ALL"
+    return shlex.join(["refinery", "sql", "--store", store_uri, example])
 
 
 def _format(t, fmt: str) -> str:
@@ -196,16 +256,12 @@ def cmd_catalog(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     from flows import serve
 
-    try:
-        if a.stop:
-            state = serve.stop_running(serve.prefect_home(a.store))
-            print(f"stopped refinery serve (pid {state['pid']}) at {state['url']}; port {state['port']} is closed")
-            return 0
-        _prepare_prefect(a.store, a.verbose)
-        return serve.run(a.store, a.port, a.pool)
-    except serve.ServeError as e:
-        print(f"refinery serve: {e}", file=sys.stderr)
-        return 1
+    if a.stop:
+        state = serve.stop_running(serve.prefect_home(a.store))
+        print(f"stopped refinery serve (pid {state['pid']}) at {state['url']}; port {state['port']} is closed")
+        return 0
+    _prepare_prefect(a.store, a.verbose, console=True)  # the worker's flow-run logs are what serve shows
+    return serve.run(a.store, a.port, a.pool)
 
 
 def cmd_lineage(a: argparse.Namespace) -> int:
@@ -255,6 +311,13 @@ def cmd_lineage(a: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad command line reported like every other error: one line and a hint."""
+
+    def error(self, message: str):
+        self.exit(2, f"refinery: error: {message}\nhint: {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from storage.store import default_root
 
@@ -262,8 +325,13 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--store", default=default_root(), help="store root: a folder or an fsspec URI "
                         "(default: $REFINERY_STORE, else ./refinery-store)")
     common.add_argument("-v", "--verbose", action="store_true", help="show Prefect's INFO logs")
+    # SUPPRESS: a subcommand's default must not overwrite `refinery --debug <command>`
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="on an error, print the traceback too (or set REFINERY_DEBUG=1)")
 
-    p = argparse.ArgumentParser(prog="refinery", description="Data refinement and curriculum for RL post-training.")
+    p = _Parser(prog="refinery", description="Data refinement and curriculum for RL post-training.")
+    p.add_argument("--debug", action="store_true", help="on an error, print the traceback too (or set "
+                   "REFINERY_DEBUG=1)")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", parents=[common], help="the curriculum flow (default: the embedded model)")
@@ -321,19 +389,53 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_store(command: str, uri: str) -> None:
+    """Refuse a store root that is a file, and (for a read command) one that does not exist, before
+    anything creates it: a read of a missing store would otherwise print zero rows and leave a new folder."""
+    from storage.store import Store
+
+    origin = " (from $REFINERY_STORE)" if os.environ.get("REFINERY_STORE") == uri else ""
+    store = Store(uri)
+    try:
+        is_dir, exists = store.fs.isdir(store.root), store.fs.exists(store.root)
+    except Exception as e:  # an unreachable remote store: say which, in one line
+        from flows.errors import one_line
+
+        raise CliError(f"store {uri}{origin} cannot be reached: {one_line(e)}") from None
+    if exists and not is_dir:
+        raise CliError(f"store {uri}{origin} is a file, not a folder",
+                       hint="point --store or $REFINERY_STORE at a folder (a new one is created by ingest or run)")
+    if command in READ_COMMANDS and not exists:
+        raise CliError(f"store {uri}{origin} does not exist; nothing to read",
+                       hint="create it with `refinery ingest` or `refinery run`, or point --store at an existing one")
+
+
+def _debug(args: argparse.Namespace) -> bool:
+    return getattr(args, "debug", False) or os.environ.get("REFINERY_DEBUG", "").strip() not in ("", "0")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if not (args.command == "serve" and args.stop):  # --stop looks for a server, not at the store
+            check_store(args.command, args.store)
         return args.func(args)
     except KeyboardInterrupt:
-        print("refinery: interrupted", file=sys.stderr)
+        print("refinery: error: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        if not isinstance(e, (ValueError, KeyError, FileNotFoundError, PermissionError)) and \
-                not getattr(e, "user_facing", False):
-            raise
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        print(f"refinery {args.command}: {msg}", file=sys.stderr)
+        from flows.errors import is_user_facing, one_line
+
+        if _debug(args):
+            import traceback
+
+            traceback.print_exc()
+        print(f"refinery: error: {one_line(e)}", file=sys.stderr)
+        hint = getattr(e, "hint", None)
+        if hint is None and not is_user_facing(e) and not _debug(args):
+            hint = "this looks like a bug: rerun with --debug (or REFINERY_DEBUG=1) for the traceback"
+        if hint:
+            print(f"hint: {hint}", file=sys.stderr)
         return 1
 
 

@@ -40,8 +40,16 @@ DEFAULT_SOURCES = [
 
 class PoolConfig(Section):
     sources: list[SourceSpec] = Field(default_factory=lambda: [s.model_copy() for s in DEFAULT_SOURCES],
-                                      description="where the run's prompts come from")
+                                      description="where the run's prompts come from (at least one)",
+                                      json_schema_extra={"minItems": 1})
     seed: int = Field(0, ge=0, description="generator seed for rg: sources")
+
+    @field_validator("sources")
+    @classmethod
+    def _some_source(cls, v: list[SourceSpec]) -> list[SourceSpec]:
+        if not v:
+            raise ValueError("is empty: a run needs at least one source (rg:<task> or a .jsonl/.parquet file)")
+        return v
 
 
 class ModelConfig(Section):
@@ -50,7 +58,7 @@ class ModelConfig(Section):
     backend: Literal["transformers", "vllm", "scripted"] = Field(
         "transformers", description="vllm needs the gpu extra; scripted is a deterministic test policy that "
         "solves each prompt at a fixed rate, with the policy model's real token log-probs (models/scripted.py)")
-    device: str = Field("cpu", description="cpu, cuda or cuda:N")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?|mps)$", description="cpu, cuda, cuda:N or mps")
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 where the device has it natively")
     batch_size: int = Field(64, ge=1, le=4096, description="sequences decoded together")
 
@@ -65,9 +73,10 @@ class ModelConfig(Section):
 
 class RolloutConfig(Section):
     group_size: int = Field(8, ge=2, le=256, description="G: samples per prompt")
-    temperature: float = Field(0.7, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(64, ge=1, le=8192)
+    temperature: float = Field(0.7, ge=0.0, le=2.0, description="sampling temperature of rollouts (0: greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: keep the smallest token set with "
+                         "this much probability (1: off)")
+    max_new_tokens: int = Field(64, ge=1, le=8192, description="longest completion, in tokens")
     seed: int = Field(0, ge=0, description="sampling seed; round r uses seed * 1000 + r")
     instruction: str = Field("Put your final answer within \\boxed{}.",
                              description="appended to every question before the chat template")
@@ -84,12 +93,16 @@ class RolloutConfig(Section):
 class SelectConfig(Section):
     """Which prompts a round collects for (ALGORITHMS.md §4). 'all' collects the whole pool."""
 
-    selector: Literal["kmeans", "uniform", "dapo_filter", "all"] = Field("kmeans")
+    selector: Literal["kmeans", "uniform", "dapo_filter", "all"] = Field(
+        "kmeans", description="kmeans: EPS-weighted clusters of prompt embeddings; uniform: at random; "
+        "dapo_filter: drop prompts whose last group had no reward variance; all: the whole active pool")
     batch_size: int = Field(48, ge=1, le=10_000_000, description="B: prompts selected per round")
     k_max: int = Field(64, ge=1, le=4096, description="K = min(k_max, ceil(candidates / 8))")
     temperature: float = Field(0.1, gt=0.0, le=100.0, description="T_sel of the cluster-weight softmax")
     bonus: float = Field(0.1, ge=0.0, le=10.0, description="exploration bonus for never-scored prompts")
-    embedder: Literal["minilm", "policy", "hashing"] = Field("minilm")
+    embedder: Literal["minilm", "policy", "hashing"] = Field(
+        "minilm", description="kmeans embeddings: minilm (packaged all-MiniLM-L6-v2), policy (the policy's "
+        "mean hidden state) or hashing (hashed word n-grams, no model)")
     seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r")
 
 
@@ -129,7 +142,7 @@ class ShapeConfig(Section):
     max_new_tokens: int = Field(64, ge=1, le=8192, description="longest proposed suffix")
     teacher_traces: bool = Field(True, description="where a prompt has no reference solution, ask the teacher "
                                  "(refine.teacher) for one; only traces that verify are used")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, description="MCMC proposal seed")
 
 
 class TrainConfig(Section):
@@ -138,7 +151,7 @@ class TrainConfig(Section):
     enabled: bool = Field(True, description="train a new policy version every round")
     mode: Literal["full", "lora"] = Field("full", description="full fine-tune, or LoRA adapters (merged on save)")
     lr: float = Field(1e-5, gt=0.0, le=1.0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="clip range below 1")
     eps_high: float = Field(0.28, ge=0.0, le=10.0, description="clip range above 1 (clip-higher)")
     kl_coef: float = Field(0.01, ge=0.0, le=10.0, description="k3 KL to the starting model (0: off)")
@@ -149,22 +162,23 @@ class TrainConfig(Section):
                              "accumulation fills the step)")
     micro_tokens: int = Field(1024, ge=16, le=10_000_000, description="padded tokens per forward/backward at "
                               "most (bounds activation memory; a longer single sequence goes alone)")
-    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6)
-    lora_rank: int = Field(16, ge=1, le=1024)
-    lora_alpha: int = Field(32, ge=1, le=4096)
-    seed: int = Field(0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="gradient clipping by global norm")
+    lora_rank: int = Field(16, ge=1, le=1024, description="lora mode: rank of the adapters")
+    lora_alpha: int = Field(32, ge=1, le=4096, description="lora mode: adapter scale (alpha / rank)")
+    seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r (torch seed, "
+                      "micro-batch order)")
 
 
 class EvalConfig(Section):
     """Held-out evaluation of every checkpoint."""
 
-    enabled: bool = Field(True)
+    enabled: bool = Field(True, description="score every new checkpoint on the held-out prompts")
     heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of the round-0 pool's root "
                                     "prompts held out; never selected, refined or trained on")
     n_samples: int = Field(4, ge=1, le=1024, description="samples per held-out prompt")
     k: int = Field(4, ge=1, le=1024, description="pass@k (k <= n_samples)")
-    temperature: float = Field(0.7, ge=0.0, le=2.0)
-    seed: int = Field(0, ge=0)
+    temperature: float = Field(0.7, ge=0.0, le=2.0, description="sampling temperature of the evaluation")
+    seed: int = Field(0, ge=0, description="evaluation sampling seed; also picks the held-out prompts")
 
 
 class RewardConfig(Section):
@@ -184,18 +198,22 @@ class RunConfig(Section):
 
     run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
                                description="default: run-<UTC timestamp>")
-    rounds: int = Field(2, ge=1, le=10_000)
+    rounds: int = Field(2, ge=1, le=10_000, description="rounds of pool -> select -> collect -> score -> "
+                        "refine -> shape -> train -> evaluate; a resumed run may raise it to extend the run")
     store: str | None = Field(None, description="store root; default $REFINERY_STORE or ./refinery-store")
-    pool: PoolConfig = Field(default_factory=PoolConfig)
-    model: ModelConfig = Field(default_factory=ModelConfig)
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
-    select: SelectConfig = Field(default_factory=SelectConfig)
-    refine: RefineConfig = Field(default_factory=RefineConfig)
-    shape: ShapeConfig = Field(default_factory=ShapeConfig)
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    eval: EvalConfig = Field(default_factory=EvalConfig)
-    reward: RewardConfig = Field(default_factory=RewardConfig)
-    utility: UtilityConfig = Field(default_factory=UtilityConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig, description="the prompt sources of round 0")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model and where it runs")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="sampling of the G rollouts per "
+                                   "prompt, few-shot context and LoPE rescue")
+    select: SelectConfig = Field(default_factory=SelectConfig, description="which prompts each round collects for")
+    refine: RefineConfig = Field(default_factory=RefineConfig, description="children of too-hard, flat and "
+                                 "saturated prompts, behind the validity gate")
+    shape: ShapeConfig = Field(default_factory=ShapeConfig, description="MCMC shaping of off-policy traces")
+    train: TrainConfig = Field(default_factory=TrainConfig, description="the GRPO update of each round")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out pass@1 / pass@k of each checkpoint")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="how answers are verified and scored")
+    utility: UtilityConfig = Field(default_factory=UtilityConfig, description="EPS, the prompt utility that "
+                                   "buckets and weights prompts")
 
     @model_validator(mode="after")
     def _k_within_samples(self) -> RunConfig:
@@ -224,10 +242,17 @@ def load_config(path: str | None = None, sets: list[str] = (), **overrides: Any)
     Raises ValueError naming each bad field."""
     tree: dict = {}
     if path:
+        file = Path(path).expanduser()
+        if file.is_dir():
+            raise ValueError(f"config file {path!r} is a folder, not a TOML file")
         try:
-            tree = tomllib.loads(Path(path).read_text())
+            tree = tomllib.loads(file.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ValueError(f"config file {path!r} does not exist") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"config file {path!r} is not UTF-8 text (byte {e.start})") from None
+        except OSError as e:
+            raise ValueError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"config file {path!r}: {e}") from None
     for item in sets:
@@ -238,6 +263,19 @@ def load_config(path: str | None = None, sets: list[str] = (), **overrides: Any)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as e:
-        problems = "; ".join((f"{'.'.join(map(str, err['loc']))}: " if err["loc"] else "")
-                             + err["msg"].removeprefix("Value error, ") for err in e.errors())
-        raise ValueError(f"invalid config: {problems}") from None
+        raise ValueError(f"invalid config: {validation_problems(e)}") from None
+
+
+def field_path(loc: tuple) -> str:
+    """A pydantic error location as the config's own notation: ('pool', 'sources', 0, 'size') ->
+    'pool.sources[0].size'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def validation_problems(e: ValidationError) -> str:
+    """Every error of `e` on one line, each naming its field."""
+    return "; ".join((f"{field_path(err['loc'])}: " if err["loc"] else "") + err["msg"].removeprefix("Value error, ")
+                     for err in e.errors())

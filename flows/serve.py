@@ -41,6 +41,8 @@ POOL = "refinery-process"
 class ServeError(RuntimeError):
     """A reason `refinery serve` could not start or stop, naming the port or log to look at."""
 
+    user_facing = True  # the CLI prints it as one line
+
 
 def _tail(log: str | Path, lines: int = 15) -> str:
     try:

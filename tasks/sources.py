@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,16 @@ def _type_name(v: Any) -> str:
     return "null" if v is None else type(v).__name__
 
 
+def _non_finite(v: Any) -> str | None:
+    """The JSON spelling (NaN, Infinity, -Infinity) of the first non-finite float in `v`, nested or not.
+    Python's json reads these non-standard tokens as floats; stored, they would become the text "nan"."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+    if isinstance(v, dict | list | tuple):
+        return next(filter(None, map(_non_finite, v.values() if isinstance(v, dict) else v)), None)
+    return None
+
+
 def _text_field(rec: dict, name: str, bound: int, required: bool, numbers_ok: bool = False) -> str | None:
     """The field's text, or raise ValueError naming the problem."""
     if rec.get(name) is None:
@@ -94,6 +105,9 @@ def validate_record(rec: Any, source: str, limits: Limits) -> SourceRow:
     """One record (a parsed JSON object or a Parquet row) as a SourceRow, or ValueError naming the problem."""
     if not isinstance(rec, dict):
         raise ValueError(f"expected a JSON object, got {_type_name(rec)}")
+    for name in ("question", "answer", "solution", "id", "meta"):
+        if token := _non_finite(rec.get(name)):
+            raise ValueError(f"field {name!r} holds {token}, not a finite number")
     question = _text_field(rec, "question", limits.question, required=True)
     answer = _text_field(rec, "answer", limits.answer, required=True, numbers_ok=True)
     solution = _text_field(rec, "solution", limits.solution, required=False)
@@ -112,7 +126,7 @@ def validate_record(rec: Any, source: str, limits: Limits) -> SourceRow:
         if not isinstance(meta, dict):
             raise ValueError(f"field 'meta' must be an object, got {_type_name(meta)}")
         try:
-            meta = json.dumps(meta, ensure_ascii=False, sort_keys=True)
+            meta = json.dumps(meta, ensure_ascii=False, sort_keys=True, allow_nan=False)  # NaN in a meta string
             meta.encode("utf-8")
         except (TypeError, ValueError, UnicodeEncodeError) as e:
             raise ValueError(f"field 'meta' cannot be stored as JSON: {e}") from None
@@ -194,6 +208,8 @@ def file_rows(path: str | Path, source: str | None, limits: Limits) -> tuple[lis
     if suffix not in (".jsonl", ".parquet"):
         raise SourceError(f"{path}: unsupported file type {suffix!r}; use .jsonl or .parquet")
     records, bad = read_jsonl(p) if suffix == ".jsonl" else read_parquet(p)
+    if not records and not bad:  # an empty or blank-only file: say so, instead of landing an empty stage
+        raise SourceError(f"{path}: no rows (the file is empty or holds only blank lines)")
     good, invalid = validate_records(records, p.name, source or p.name, limits)
     return good, sorted(bad + invalid, key=lambda b: (b.line or 0))
 
@@ -203,8 +219,13 @@ def rg_config_fields(name: str) -> dict[str, Any]:
     from reasoning_gym.factory import DATASETS
 
     if name not in DATASETS:
-        near = sorted(k for k in DATASETS if name[:3] in k)[:8] or sorted(DATASETS)[:8]
-        raise SourceError(f"unknown reasoning-gym task {name!r}; for example: {', '.join(near)}")
+        import difflib
+
+        near = difflib.get_close_matches(name, DATASETS, n=1)
+        if near:
+            raise SourceError(f"unknown reasoning-gym task {name!r} (did you mean {near[0]!r}?)")
+        some = sorted(k for k in DATASETS if name[:3] in k)[:8] or sorted(DATASETS)[:8]
+        raise SourceError(f"unknown reasoning-gym task {name!r}; for example: {', '.join(some)}")
     _, cfg_cls = DATASETS[name]
     return {f.name: f.default for f in dataclasses.fields(cfg_cls) if f.name not in ("seed", "size")}
 

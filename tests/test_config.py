@@ -1,6 +1,9 @@
+import re
+
 import pytest
 
 from flows.config import RunConfig, load_config
+from flows.preflight import validate_for_run
 
 
 def test_defaults_are_the_embedded_demo():
@@ -17,19 +20,21 @@ def test_defaults_are_the_embedded_demo():
     (["reward.verifier=magic"], "reward.verifier"),
     (["utility.beta=0"], "utility.beta"),
     (["rollout.colour=blue"], "rollout.colour"),
-    (['pool.sources=[{"source": "rg:products", "size": 0}]'], "pool.sources.0.size"),
+    (['pool.sources=[{"source": "rg:products", "size": 0}]'], "pool.sources[0].size"),
+    (["pool.sources=[]"], "pool.sources: is empty"),
+    (["model.device=gpu"], "model.device"),
     (["eval.heldout_fraction=1.0"], "eval.heldout_fraction"),
     (["eval.heldout_fraction=0"], "eval.heldout_fraction"),
     (["train.mode=qlora"], "train.mode"),
     (["train.lr=-1e-5"], "train.lr"),
     (["shape.variant=gibbs"], "shape.variant"),
-    (['refine.strategies=["ladder", "magic"]'], "refine.strategies.1"),
+    (['refine.strategies=["ladder", "magic"]'], "refine.strategies[1]"),
     (["rollout.lope_samples=-4"], "rollout.lope_samples"),
     (["select.selector=magic"], "select.selector"),
     (["select.batch_size=-3"], "select.batch_size"),
 ])
 def test_invalid_config_names_the_field(sets, field):
-    with pytest.raises(ValueError, match=f"invalid config: {field.replace('.', '[.]')}"):
+    with pytest.raises(ValueError, match=f"invalid config: {re.escape(field)}"):
         load_config(sets=sets)
 
 
@@ -79,3 +84,119 @@ def test_refinery_run_rejects_a_bad_config_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "rollout.group_size: Input should be greater than or equal to 2" in err and "select.selector" in err
     assert not store.exists()  # nothing was started: no store, no Prefect home
+
+
+def test_every_field_has_a_description():
+    """The Prefect UI renders each property of the run form with its description: none may be blank."""
+    schema = RunConfig.model_json_schema()
+    models = {"RunConfig": schema, **schema["$defs"]}
+    blank = [f"{name}.{field}" for name, model in models.items()
+             for field, prop in model.get("properties", {}).items() if not str(prop.get("description", "")).strip()]
+    assert blank == []
+    assert len(models) >= 12 and sum(len(m["properties"]) for m in models.values()) >= 80  # the walk saw them all
+
+
+@pytest.mark.parametrize("sets,problem", [
+    (['pool.sources=[{"source": "rg:prodcts"}]'],
+     "pool.sources[0].source: unknown reasoning-gym task 'prodcts' (did you mean 'products'?)"),
+    (['pool.sources=[{"source": "rg:products", "params": {"max_digit": 2}}]'],
+     "pool.sources[0].params: rg:products has no parameter 'max_digit'"),
+    (['pool.sources=[{"source": "rg:products", "params": {"max_digits": -1}}]'],
+     "pool.sources[0].params: rg:products rejected parameters {'max_digits': -1}"),
+    (['pool.sources=[{"source": "rg:products"}, {"source": "missing.jsonl"}]'],
+     "pool.sources[1].source: missing.jsonl: no such file"),
+    (['pool.sources=[{"source": "empty.jsonl"}]'], "pool.sources[0].source: empty.jsonl: no rows"),
+    (['pool.sources=[{"source": "bad.jsonl"}]'],
+     "pool.sources[0].source: bad.jsonl: 1 bad row(s), e.g. bad.jsonl line 2: field 'answer' is missing"),
+    (["model.policy=smollm"], "model.policy: unknown model 'smollm'"),
+    (["model.policy=tiny_random"], "model.policy: unknown model 'tiny_random' (did you mean 'tiny-random'?)"),
+    (["model.policy=some-org/some-model"], "model.policy: 'some-org/some-model' is a Hugging Face id that is not "
+                                           "in the local cache, and HF_HUB_OFFLINE is set"),
+    (["model.policy=notamodel"], "model.policy: 'notamodel' is not a transformers checkpoint folder"),
+    (["refine.teacher=openai:http://127.0.0.1:9"], "refine.teacher: 'openai:http://127.0.0.1:9': no model name"),
+    (["refine.teacher=openai:localhost#m"], "refine.teacher: 'openai:localhost#m': the base URL 'localhost' is not"),
+    (["refine.teacher=gpt4"], "refine.teacher: unknown model 'gpt4'"),
+    (["model.backend=vllm"], "model.backend: 'vllm' needs vLLM"),
+    (["model.backend=vllm", "shape.enabled=true"], "shape.enabled: the shape stage needs token-level"),
+    (["model.backend=vllm", "select.embedder=policy"], "select.embedder: the 'policy' embedder reads"),
+])
+def test_preflight_names_what_cannot_run(tmp_path, monkeypatch, sets, problem):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.jsonl").write_text("\n \n")
+    (tmp_path / "bad.jsonl").write_text('{"question": "q", "answer": 1}\n{"question": "x"}\n')
+    (tmp_path / "notamodel").mkdir()
+    config = load_config(sets=sets)
+    with pytest.raises(ValueError) as err:
+        validate_for_run(config)
+    message = str(err.value)
+    assert message.startswith("invalid config: ") and "\n" not in message
+    assert problem in message
+
+
+def test_preflight_reports_every_problem_at_once_and_accepts_a_good_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    (tmp_path / "ok.jsonl").write_text('{"question": "What is 2 + 2?", "answer": 4}\n')
+    bad = load_config(sets=['pool.sources=[{"source": "rg:prodcts"}]', "model.policy=smollm", "refine.teacher=gpt4"])
+    with pytest.raises(ValueError, match=r"pool\.sources\[0\]\.source: .*; model\.policy: .*; refine\.teacher: "):
+        validate_for_run(bad)
+    good = load_config(sets=[f'pool.sources=[{{"source": "rg:products"}}, {{"source": "{tmp_path / "ok.jsonl"}"}}]',
+                             "model.policy=tiny-random", f"refine.teacher={tmp_path}", "select.embedder=hashing"])
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint folder, as far as a spec check goes
+    validate_for_run(good)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cuda_device_without_cuda_is_refused():
+    with pytest.raises(ValueError, match=r"model\.device: 'cuda', but torch .* sees no CUDA device"):
+        validate_for_run(load_config(sets=["model.device=cuda"]))
+
+
+def test_config_file_that_is_a_folder_or_not_text(tmp_path):
+    with pytest.raises(ValueError, match="is a folder, not a TOML file"):
+        load_config(str(tmp_path))
+    (tmp_path / "binary.toml").write_bytes(b"rounds = 2\n\xff\xfe")
+    with pytest.raises(ValueError, match=r"binary\.toml' is not UTF-8 text"):
+        load_config(str(tmp_path / "binary.toml"))
+
+
+TINY = ["model.policy=tiny-random", "model.dtype=fp32", "rollout.max_new_tokens=4", "rollout.group_size=2",
+        "select.selector=all", "rollout.lope_prefixes=0", "rollout.fewshot_k=0", "refine.strategies=[]",
+        "shape.enabled=false", "train.enabled=false", "eval.enabled=false",
+        'pool.sources=[{"source": "rg:products", "size": 3, "params": {"max_digits": 1}}]']
+
+
+def test_a_refused_config_lands_nothing_and_a_failed_run_records_its_reason(prefect_api, tmp_path, monkeypatch,
+                                                                             capsys):
+    """Refused by the CLI and by the flow itself (a UI run): no store, no `runs` row, so the same run id then
+    starts fresh. A run that fails later records why in `runs.reason`, and resumes once the fault is gone."""
+    import flows.curriculum as curriculum_module
+    from flows.cli import main
+    from storage.query import sql
+    from storage.store import Store
+
+    store = tmp_path / "store"
+    bad = [*TINY, 'pool.sources=[{"source": "rg:prodcts", "size": 3}]']
+    assert main(["run", "--store", str(store), "--run-id", "fixme", *sum((["--set", s] for s in bad), [])]) == 1
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith(("refinery:", "hint:"))]
+    assert err == ["refinery: error: invalid config: pool.sources[0].source: unknown reasoning-gym task 'prodcts' "
+                   "(did you mean 'products'?)"]
+    with pytest.raises(ValueError, match="did you mean 'products'"):
+        curriculum_module.curriculum(load_config(sets=bad, run_id="fixme", store=str(store)))
+    assert not store.exists()
+
+    def collect_fails(*args, **kwargs):
+        raise RuntimeError("collect broke\nsecond line")
+
+    monkeypatch.setattr(curriculum_module, "collect_task", collect_fails)
+    assert main(["run", "--store", str(store), "--run-id", "fixme", "--rounds", "1",
+                 *sum((["--set", s] for s in TINY), [])]) == 1
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith(("refinery:", "hint:"))]
+    assert err[0] == "refinery: error: RuntimeError: collect broke; second line" and len(err) == 2
+    monkeypatch.undo()
+    runs = "SELECT status, reason FROM runs WHERE run_id = 'fixme' ORDER BY created_at"
+    assert sql(Store(store), runs).to_pylist() == [{"status": "running", "reason": None},
+                                                   {"status": "failed", "reason": "RuntimeError: collect broke; second line"}]
+    assert main(["run", "--store", str(store), "--run-id", "fixme", "--rounds", "1",
+                 *sum((["--set", s] for s in TINY), [])]) == 0
+    assert [r["status"] for r in sql(Store(store), runs).to_pylist()] == ["running", "failed", "resumed", "completed"]

