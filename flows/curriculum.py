@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 from prefect import flow
 
 from flows.config import RunConfig
+from flows.errors import reason as failure_reason
+from flows.preflight import validate_for_run
 from models.checkpoints import policy_for_round
 from storage.store import Store, default_root
 from tasks.evaluate import evaluate_task
@@ -56,6 +58,10 @@ def curriculum(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 (a pydant
     """Run (or resume) a curriculum run; returns per-stage summaries."""
     config = config.model_copy(update={"run_id": config.run_id or new_run_id(),
                                        "store": config.store or default_root()})
+    # Before the lock and any `runs` row: a config this machine cannot run (unknown task or model, missing
+    # file, unusable backend) lands nothing, so the same run id works once it is fixed. The CLI has already
+    # checked it (a no-op here); a UI or deployment run is checked only here.
+    validate_for_run(config)
     store = Store(config.store)
     store.cleanup()
     with run_lock(store, config.run_id):  # no two processes on one run id; marks a dead holder's run failed
@@ -101,8 +107,8 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                                             config.rollout, config.reward))
             stages.append(report_task(store.uri, config.run_id, r))
             publish_round_artifacts(store, config.run_id, r, stages[first:])
-    except BaseException:
-        mark(store, config.run_id, "failed", config.model_dump(mode="json"))
+    except BaseException as e:
+        mark(store, config.run_id, "failed", config.model_dump(mode="json"), reason=failure_reason(e))
         raise
     mark(store, config.run_id, "completed", config.model_dump(mode="json"))
     return {"run_id": config.run_id, "store": store.uri, "started_as": status, "stages": stages,
