@@ -62,6 +62,11 @@ BAD_LINES = [
     (b'{"question": "m", "answer": true}', "field 'answer' must be a string or a number, got bool"),
     (b'{"question": "m", "answer": "1", "meta": [1]}', "field 'meta' must be an object"),
     (b'{"question": "\\ud800", "answer": "1"}', "lone surrogate"),
+    # Python's json reads these non-standard tokens as floats, which were stored as the answer "nan"
+    (b'{"question": "n", "answer": NaN}', "field 'answer' holds NaN, not a finite number"),
+    (b'{"question": "i", "answer": Infinity}', "field 'answer' holds Infinity, not a finite number"),
+    (b'{"question": "j", "answer": -Infinity}', "field 'answer' holds -Infinity, not a finite number"),
+    (b'{"question": "k", "answer": "1", "meta": {"w": [1, NaN]}}', "field 'meta' holds NaN, not a finite number"),
 ]
 
 
@@ -83,7 +88,7 @@ def test_skip_invalid_lands_the_good_rows(store, tmp_path):
     f = tmp_path / "bad.jsonl"
     f.write_bytes(b"\n".join(line for line, _ in BAD_LINES) + b"\n")
     s = ingest_source(store, str(f), skip_invalid=True)
-    assert s.new == 2 and len(s.skipped) == 11 and s.duplicates_in_source == 1
+    assert s.new == 2 and len(s.skipped) == 15 and s.duplicates_in_source == 1
     assert _counts(store) == {"bad.jsonl": 2}
 
 
@@ -98,6 +103,14 @@ def test_parquet_source(store, tmp_path):
     rows = sql(store, "SELECT text, solution, external_id, source, meta FROM prompts ORDER BY text").to_pylist()
     assert rows == [{"text": "q1", "solution": "s", "external_id": "a", "source": "mine", "meta": '{"x": 1}'},
                     {"text": "q2", "solution": None, "external_id": "b", "source": "mine", "meta": None}]
+    pq.write_table(pa.table({"question": ["q", "r", "s", "t"], "answer": [1.5, float("nan"), float("-inf"), 2.0],
+                             "meta": ['{"x": 1}', None, None, '{"x": NaN}']}), tmp_path / "floats.parquet")
+    with pytest.raises(IngestRejected) as e:
+        ingest_source(store, str(tmp_path / "floats.parquet"))
+    assert [str(b) for b in e.value.bad][:2] == [
+        "floats.parquet line 2: field 'answer' holds NaN, not a finite number",
+        "floats.parquet line 3: field 'answer' holds -Infinity, not a finite number"]
+    assert str(e.value.bad[2]).startswith("floats.parquet line 4: field 'meta' cannot be stored as JSON: Out of range")
     pq.write_table(pa.table({"question": ["q"]}), tmp_path / "noanswer.parquet")
     with pytest.raises(IngestRejected, match="column\\(s\\) missing: answer"):
         ingest_source(store, str(tmp_path / "noanswer.parquet"))
