@@ -1,4 +1,5 @@
 import json
+import os
 
 import duckdb
 import pyarrow as pa
@@ -62,9 +63,10 @@ def test_polars_and_duckdb_agree(store):
     assert query.connect(store).execute("SELECT count(DISTINCT prompt_id) FROM prompts").fetchone()[0] == 20
 
 
-def test_catalog_opens_in_a_plain_duckdb_client(store):
+def test_catalog_opens_in_a_plain_duckdb_client(store, monkeypatch):
     store.commit("a", {"prompts": prompt_rows(4)})
     path = query.write_catalog(store)
+    monkeypatch.chdir(store.root)  # the catalog names its files relative to the store folder
     con = duckdb.connect(path, read_only=True)
     assert con.execute("SELECT count(*) FROM prompts").fetchone()[0] == 4
     assert con.execute("SELECT count(*) FROM rollouts").fetchone()[0] == 0
@@ -106,14 +108,32 @@ def test_lineage_walks_both_ways(store):
         lineage(con, "zzz")
 
 
-def test_cleanup_removes_debris_but_not_landed_data(store):
-    store.commit("a", {"prompts": prompt_rows(3)})
-    # debris of a crash: a temp folder with a dead owner, and a renamed stage folder with no commit record
-    tmp = store.path(".tmp", "deadbeef")
+def _tmp_folder(store, name, owner):
+    tmp = store.path(".tmp", name)
     store.fs.makedirs(tmp)
-    store._write_text(tmp + "/owner.json", json.dumps({"pid": 2**22 + 7, "host": "elsewhere"}))
+    if owner is not None:
+        store._write_text(tmp + "/owner.json", json.dumps(owner))
+    return tmp
+
+
+def test_cleanup_removes_debris_but_not_landed_data(store):
+    import socket
+    import time
+
+    store.commit("a", {"prompts": prompt_rows(3)})
+    host, now = socket.gethostname(), time.time()
+    # debris of crashes: a dead owner on this host, a folder with no owner record, another host's old folder,
+    # and a renamed stage folder with no commit record
+    dead = _tmp_folder(store, "dead", {"pid": 2**22 + 7, "host": host, "created": now})
+    ownerless = _tmp_folder(store, "ownerless", None)
+    foreign_old = _tmp_folder(store, "foreign-old", {"pid": 1, "host": "elsewhere", "created": now - 2 * 86400})
     orphan = store.path("prompts", "run_id=r", "round=0", "stage=x")
     store.fs.makedirs(orphan)
+    # kept: a live writer on this host, and a fresh folder of another host (whose writer may be alive)
+    live = _tmp_folder(store, "live", {"pid": os.getpid(), "host": host, "created": now})
+    foreign_new = _tmp_folder(store, "foreign-new", {"pid": 1, "host": "elsewhere", "created": now - 60})
     removed = store.cleanup()
-    assert sorted(removed) == sorted([tmp, orphan])
+    assert sorted(removed) == sorted([dead, ownerless, foreign_old, orphan])
+    assert store.fs.exists(live) and store.fs.exists(foreign_new)
     assert query.scan(store, "prompts").collect().height == 3 and store.landed(None, None, "a")
+    assert store.cleanup(now=now + 2 * 86400) == [foreign_new]  # a day later it is debris too
