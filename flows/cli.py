@@ -123,11 +123,30 @@ def cmd_run(a: argparse.Namespace) -> int:
     config = load_config(a.config, a.set, run_id=a.run_id, rounds=a.rounds, store=a.store)  # fails before any work
     validate_for_run(config)  # sources, models, teacher, backend: still before Prefect starts
     _prepare_prefect(a.store, a.verbose)
-    from flows.curriculum import curriculum
+    from flows.curriculum import curriculum, new_run_id
 
-    out = curriculum(config)
+    config = config.model_copy(update={"run_id": config.run_id or new_run_id()})  # named in the hint below
+    try:
+        out = curriculum(config)
+    except Exception as e:
+        if getattr(e, "hint", None) is None and _marked_failed(config.store, config.run_id):
+            e.hint = (f"run {config.run_id} is marked failed (runs.reason says why); the same command with "
+                      f"--run-id {config.run_id} resumes it at the first stage that has not landed")
+        raise
     print_summary(out)
     return 0
+
+
+def _marked_failed(store_uri: str, run_id: str) -> bool:
+    """Did the run end as `failed` (not refused before it started, nor locked by another process)?"""
+    from storage.store import Store
+    from tasks.runs import run_rows
+
+    try:
+        rows = run_rows(Store(store_uri), run_id)
+    except Exception:  # the store itself is the problem: the error line says so, and no hint is better
+        return False
+    return rows.height > 0 and rows["status"][-1] == "failed"
 
 
 def cmd_eval(a: argparse.Namespace) -> int:

@@ -3,8 +3,9 @@
 Choices, and why:
 - A message is flattened, not truncated at its first line: DuckDB puts "Did you mean ...?" on its second
   line, and an ingest rejection lists its bad rows on the lines after the first, so every line that says
-  something is kept, joined with "; " (or a space after a line that ends with ':'). Lines that only point
-  into a query (DuckDB's "LINE 1: ..." and its caret line) are dropped: the query is the user's own input.
+  something is kept, joined with "; " (or a space after a line that ends with ':', ',' or ';'). Lines that
+  only point into a query (DuckDB's "LINE 1: ..." and its caret line) are dropped: the query is the user's
+  own input.
 - At most `MAX_PARTS` lines and `MAX_CHARS` characters survive, with a count of what was left out, so a
   rejection of 10,000 rows stays one readable line.
 - User-facing errors (bad input the user can fix: ValueError, KeyError, OSError, DuckDB's errors, or any
@@ -38,7 +39,7 @@ def flatten(text: str) -> str:
     left_out = max(0, len(kept) - MAX_PARTS)
     out = ""
     for ln in kept[:MAX_PARTS]:
-        out += ln if not out else (" " if out.endswith(":") else "; ") + ln
+        out += ln if not out else (" " if out.endswith((":", ",", ";")) else "; ") + ln
     if left_out:
         out += f" (and {left_out} more)"
     return out if len(out) <= MAX_CHARS else out[: MAX_CHARS - 1] + "…"

@@ -136,3 +136,15 @@ def test_end_of_run_hint_is_shell_quoted():
     assert argv == ["refinery", "sql", "--store", store, "SELECT round, bucket, count(*) FROM prompt_scores "
                     "WHERE run_id = 'run-1' GROUP BY ALL ORDER BY ALL"]
 
+
+
+def test_a_long_multi_line_message_stays_one_readable_line():
+    from flows.errors import MAX_PARTS, one_line
+    from tasks.ingest import IngestRejected
+    from tasks.sources import BadRow
+
+    rejected = IngestRejected("big.jsonl", [BadRow("big.jsonl", i, "field 'answer' is missing") for i in range(1, 11)])
+    line = one_line(rejected)
+    assert "\n" not in line and line.startswith("big.jsonl: rejected, 10 bad row(s), nothing written: big.jsonl line 1:")
+    assert line.count("field 'answer' is missing") == MAX_PARTS - 1 and line.endswith(f"(and {11 - MAX_PARTS} more)")
+    assert one_line(RuntimeError("")) == "RuntimeError" and one_line(KeyError("no such table")) == "no such table"

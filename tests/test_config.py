@@ -192,7 +192,9 @@ def test_a_refused_config_lands_nothing_and_a_failed_run_records_its_reason(pref
     assert main(["run", "--store", str(store), "--run-id", "fixme", "--rounds", "1",
                  *sum((["--set", s] for s in TINY), [])]) == 1
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith(("refinery:", "hint:"))]
-    assert err[0] == "refinery: error: RuntimeError: collect broke; second line" and len(err) == 2
+    assert err == ["refinery: error: RuntimeError: collect broke; second line",
+                   "hint: run fixme is marked failed (runs.reason says why); the same command with --run-id fixme "
+                   "resumes it at the first stage that has not landed"]
     monkeypatch.undo()
     runs = "SELECT status, reason FROM runs WHERE run_id = 'fixme' ORDER BY created_at"
     assert sql(Store(store), runs).to_pylist() == [{"status": "running", "reason": None},
