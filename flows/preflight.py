@@ -16,7 +16,8 @@ Choices, and why:
   not cached costs one metadata request to the Hub (10 s timeout), which is refused at once when
   HF_HUB_OFFLINE is set.
 - File sources are read and validated in full: the pool stage reads them anyway, and a bad row found here
-  costs nothing, while found there it fails the run.
+  costs nothing, while found there it fails the run. A run resumed after its round-0 pool landed never
+  reads its sources again, so they are not checked then (a moved file does not block the resume).
 - A config that passed is remembered (by its JSON) for the life of the process, so the flow's own call
   after the CLI's costs nothing.
 """
@@ -199,12 +200,25 @@ def backend_problems(config) -> list[tuple[str, str]]:
     return out
 
 
+def _round_zero_pool_landed(config) -> bool:
+    """Has this run already landed its round-0 pool? Then its sources are never read again, and a resumed
+    run must not be refused because a source file has since moved."""
+    if not config.run_id:
+        return False
+    from storage.store import Store, default_root
+
+    try:
+        return Store(config.store or default_root()).landed(config.run_id, 0, "pool")
+    except Exception:  # no store yet, or not one: then nothing has landed
+        return False
+
+
 def config_problems(config) -> list[tuple[str, str]]:
     """Every (field, problem) of `config` that would fail a run on this machine; empty if none."""
     out: list[tuple[str, str]] = []
     if not config.pool.sources:
         out.append(("pool.sources", "is empty: a run needs at least one source (rg:<task> or a .jsonl/.parquet file)"))
-    for i, spec in enumerate(config.pool.sources):
+    for i, spec in enumerate([] if _round_zero_pool_landed(config) else config.pool.sources):
         problem = source_problem(spec.source, spec.size, config.pool.seed, dict(spec.params))
         if problem:
             out.append((f"pool.sources[{i}].{problem[0]}", problem[1]))

@@ -202,3 +202,16 @@ def test_a_refused_config_lands_nothing_and_a_failed_run_records_its_reason(pref
     assert main(["run", "--store", str(store), "--run-id", "fixme", "--rounds", "1",
                  *sum((["--set", s] for s in TINY), [])]) == 0
     assert [r["status"] for r in sql(Store(store), runs).to_pylist()] == ["running", "failed", "resumed", "completed"]
+
+
+def test_sources_are_not_rechecked_once_the_runs_pool_landed(tmp_path, monkeypatch):
+    """A resumed run never reads its sources again: a source file moved since round 0 does not block it."""
+    from storage.store import Store
+
+    monkeypatch.chdir(tmp_path)
+    store = Store(tmp_path / "store")
+    store.commit("pool", {}, run_id="landed", round=0)
+    sets = ['pool.sources=[{"source": "moved.jsonl"}]', "model.policy=tiny-random", "select.embedder=hashing"]
+    validate_for_run(load_config(sets=sets, run_id="landed", store=store.root))
+    with pytest.raises(ValueError, match=r"pool\.sources\[0\]\.source: moved\.jsonl: no such file"):
+        validate_for_run(load_config(sets=sets, run_id="fresh", store=store.root))
