@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+from flows.config import load_config
 from models.backend import Backend, Sampling
 from models.scripted import (
     ScriptedBackend,
@@ -20,6 +21,8 @@ from models.scripted import (
     script,
     solve_rate,
 )
+from storage.query import sql
+from storage.store import Store
 from tasks.rewards import verify
 
 INSTRUCTION = "Put your final answer within \\boxed{}."
@@ -129,3 +132,207 @@ def test_arithmetic_is_parsed_never_executed():
     assert arithmetic_problem("What is 2 ** 300?") is None  # no power operator
     assert arithmetic_problem("__import__('os').system('true') 1 + 1") == ("1 + 1", "2")
     assert arithmetic_problem("Divide 7 / 0 please") is None
+
+
+# ---- the curriculum flow on the scripted policy --------------------------------------------------------------
+def _unsolved_source(folder) -> str:
+    """Six additions the scripted policy never solves at version 0 (base rate 0), with reference solutions:
+    the too_hard groups that LoPE, the format ladder, hint prefixes and MCMC shaping start from."""
+    rows = [{"question": f"What is {a} + {b}?", "answer": str(a + b),
+             "solution": f"{a} + {b} = {a + b}, so the answer is \\boxed{{{a + b}}}."}
+            for a in range(1, 20) for b in range(1, 20) if base_rate(f"{a} + {b}") == 0][:6]
+    path = folder / "unsolved.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def scripted_sets(source: str) -> list[str]:
+    return ["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32",
+            "rollout.group_size=4", "rollout.max_new_tokens=40", "rollout.include_reserve=true",
+            "rollout.fewshot_p0=1.0", "rollout.lope_max_groups=1",
+            "select.embedder=hashing", "select.batch_size=16",
+            'refine.strategies=["ladder", "hint_prefix", "harden"]', "refine.teacher_distractors=false",
+            "shape.teacher_traces=false", "shape.steps=6", "shape.max_traces=4", "shape.max_new_tokens=32",
+            "train.lr=1e-3", "eval.n_samples=4", "eval.k=2",
+            'pool.sources=[{"source": "rg:products", "size": 8, "params": {"max_digits": 1}}, '
+            '{"source": "rg:chain_sum", "size": 8, "params": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}, '
+            f'{{"source": "{source}"}}]']
+
+
+@pytest.fixture(scope="module")
+def run(prefect_api, tmp_path_factory):
+    """One 3-round curriculum run on the scripted policy; returns (store, flow result)."""
+    from flows.curriculum import curriculum
+
+    folder = tmp_path_factory.mktemp("scripted")
+    store = Store(folder / "store")
+    out = curriculum(load_config(sets=scripted_sets(_unsolved_source(folder)), run_id=RUN, store=store.root,
+                                 rounds=3))
+    return store, out
+
+
+def q(store, query: str) -> list[dict]:
+    return sql(store, query).to_pylist()
+
+
+def test_every_bucket_occurs_and_follows_from_its_group(run):
+    store, _ = run
+    groups = q(store, f"""SELECT s.round, s.prompt_id, s.bucket, s.eps, list(r.reward) AS rewards
+                          FROM prompt_scores s JOIN rollouts r USING (run_id, round, policy_version, prompt_id)
+                          WHERE s.run_id = '{RUN}' GROUP BY ALL""")
+    buckets = {g["bucket"] for g in groups}
+    assert {"informative", "saturated", "too_hard"} <= buckets, buckets
+    for g in groups:  # binary rewards, tau = 0: a mixed group has EPS > 0
+        r = g["rewards"]
+        want = "informative" if min(r) < max(r) else "saturated" if min(r) == 1 else "too_hard" if max(r) == 0 else "flat"
+        assert g["bucket"] == want and (g["eps"] > 0) == (want == "informative"), g
+
+
+def test_selection_prefers_prompts_with_higher_eps(run):
+    """Rounds 1 and 2 pick 16 of their candidates, weighted by last round's EPS: the picked ones' mean EPS
+    exceeds the candidates' (over the candidates scored last round)."""
+    store, _ = run
+    rows = q(store, f"""SELECT p.round, count(*) AS scored, count(sel.prompt_id) AS picked,
+                               avg(prev.eps) FILTER (WHERE sel.prompt_id IS NOT NULL) AS eps_picked,
+                               avg(prev.eps) AS eps_candidates
+                        FROM pool p
+                        JOIN prompt_scores prev ON prev.run_id = p.run_id AND prev.round = p.round - 1
+                                               AND prev.prompt_id = p.prompt_id
+                        LEFT JOIN selections sel ON sel.run_id = p.run_id AND sel.round = p.round
+                                                AND sel.prompt_id = p.prompt_id
+                        WHERE p.run_id = '{RUN}' AND p.status IN ('active', 'reserve') GROUP BY 1 ORDER BY 1""")
+    assert [r["round"] for r in rows] == [1, 2]
+    for r in rows:
+        assert 0 < r["picked"] < r["scored"] and r["eps_picked"] > r["eps_candidates"] > 0, r
+
+
+def test_ladder_rungs_are_promoted_and_the_easier_one_retired(run):
+    store, _ = run
+    rows = q(store, f"""WITH kinds AS (SELECT DISTINCT prompt_id, transform FROM prompts)
+                        SELECT f.round, kp.transform AS rung, kc.transform AS next_rung, s.mean_reward,
+                               np.status AS parent_after, nc.status AS child_after
+                        FROM refinements f
+                        JOIN kinds kp ON kp.prompt_id = f.parent_id JOIN kinds kc ON kc.prompt_id = f.child_id
+                        JOIN prompt_scores s ON s.run_id = f.run_id AND s.round = f.round AND s.prompt_id = f.parent_id
+                        JOIN pool np ON np.run_id = f.run_id AND np.round = f.round + 1 AND np.prompt_id = f.parent_id
+                        JOIN pool nc ON nc.run_id = f.run_id AND nc.round = f.round + 1 AND nc.prompt_id = f.child_id
+                        WHERE f.run_id = '{RUN}' AND f.strategy = 'promote' AND f.accepted""")
+    ladder = [r for r in rows if r["rung"] in ("mcq4", "mcq10", "cloze")]
+    assert ladder, rows
+    step = {"mcq4": {"mcq10"}, "mcq10": {"cloze", "original"}, "cloze": {"original"}}
+    for r in ladder:
+        assert r["mean_reward"] > 0.5 and r["next_rung"] in step[r["rung"]], r
+        assert (r["parent_after"], r["child_after"]) == ("retired", "active"), r
+
+
+def test_reserve_prompts_that_recover_come_back(run):
+    """With rollout.include_reserve, a reserve prompt picked again is collected by the newer policy; the
+    informative ones are active next round, the others stay in reserve."""
+    store, _ = run
+    rows = q(store, f"""SELECT a.round, a.prompt_id, s.bucket, b.status AS after
+                        FROM pool a
+                        JOIN prompt_scores s ON s.run_id = a.run_id AND s.round = a.round AND s.prompt_id = a.prompt_id
+                        JOIN pool b ON b.run_id = a.run_id AND b.round = a.round + 1 AND b.prompt_id = a.prompt_id
+                        WHERE a.run_id = '{RUN}' AND a.status = 'reserve'""")
+    assert any(r["after"] == "active" for r in rows), rows
+    assert all(r["after"] == ("active" if r["bucket"] == "informative" else "reserve") for r in rows), rows
+
+
+def test_lope_rescues_all_fail_groups_with_correct_resamples(run):
+    store, _ = run
+    rows = q(store, f"""SELECT r.round, r.prompt_id, r.correct, r.prompt_text, r.augmentation, s.bucket
+                        FROM rollouts r JOIN prompt_scores s USING (run_id, round, policy_version, prompt_id)
+                        WHERE r.run_id = '{RUN}' AND r.augmentation LIKE '%lorem_perturb%'""")
+    replaced = [r for r in rows if json.loads(r["augmentation"])["lorem_perturb"].get("replaced")]
+    assert replaced
+    for r in replaced:
+        lope = json.loads(r["augmentation"])["lorem_perturb"]
+        assert r["correct"] and r["bucket"] == "informative"
+        assert lope["behaviour_prompt"] != r["prompt_text"] and read_prompt(lope["behaviour_prompt"]).lorem
+    for key in {(r["round"], r["prompt_id"]) for r in replaced}:  # a rescued group keeps a failure
+        assert any(not r["correct"] for r in rows if (r["round"], r["prompt_id"]) == key)
+
+
+def test_fewshot_context_comes_from_solved_siblings(run):
+    store, _ = run
+    rows = q(store, f"""SELECT r.round, r.prompt_id, p.source, r.correct, r.prompt_text, r.augmentation
+                        FROM rollouts r JOIN (SELECT DISTINCT prompt_id, source FROM prompts) p USING (prompt_id)
+                        WHERE r.run_id = '{RUN}' AND r.augmentation LIKE '%fewshot_context%'""")
+    assert rows and any(r["correct"] for r in rows)
+    solved = q(store, f"""SELECT DISTINCT r.round, r.prompt_id, p.source, p.text FROM rollouts r
+                          JOIN (SELECT DISTINCT prompt_id, source, text FROM prompts) p USING (prompt_id)
+                          WHERE r.run_id = '{RUN}' AND r.correct AND r.augmentation IS NULL""")
+    for r in rows:
+        demos = json.loads(r["augmentation"])["fewshot_context"]
+        assert demos and r["prompt_id"] not in demos
+        for d in demos:
+            earlier = [s for s in solved if s["prompt_id"] == d and s["round"] < r["round"]]
+            assert earlier and earlier[0]["source"] == r["source"] and earlier[0]["text"] in r["prompt_text"]
+        assert read_prompt(r["prompt_text"]).demonstrations == len(demos)
+
+
+def test_grpo_trains_on_the_mixed_groups(run):
+    store, out = run
+    groups = q(store, f"""SELECT round, count(*) AS n, count(*) FILTER (WHERE spread > 0) AS mixed
+                          FROM (SELECT round, prompt_id, max(reward) - min(reward) AS spread FROM rollouts
+                                WHERE run_id = '{RUN}' GROUP BY ALL) GROUP BY 1 ORDER BY 1""")
+    trained = {s["round"]: s for s in out["stages"] if s["stage"] == "train"}
+    for g in groups:
+        assert 0 < g["mixed"] < g["n"]
+        t = trained[g["round"]]
+        assert (t["groups"], t["zero_variance_groups"]) == (g["mixed"], g["n"] - g["mixed"])
+    steps = q(store, f"SELECT round, pg_loss, entropy, grad_norm FROM train_steps WHERE run_id = '{RUN}' ORDER BY 1")
+    assert [s["round"] for s in steps] == [0, 1, 2]
+    assert all(s["pg_loss"] != 0 and s["entropy"] is not None and s["grad_norm"] > 0 for s in steps)
+
+
+def test_each_round_samples_the_checkpoint_the_last_one_trained(run):
+    """Round 1's rollouts were scored by checkpoint v1 (not the base model), and v1's weights moved."""
+    from safetensors.torch import load_file
+
+    from models.hf import TransformersBackend
+
+    store, _ = run
+    paths = {r["policy_version"]: r["path"] for r in q(store, f"SELECT policy_version, path FROM checkpoints "
+                                                              f"WHERE run_id = '{RUN}'")}
+    assert sorted(paths) == [0, 1, 2, 3]
+    w0, w1 = (load_file(f"{paths[v]}/model.safetensors") for v in (0, 1))
+    assert any(not torch.equal(w0[k], w1[k]) for k in w0)
+    row = q(store, f"""SELECT prompt_text, completion, mean_logprob FROM rollouts WHERE run_id = '{RUN}'
+                       AND round = 1 AND policy_version = 1 AND augmentation IS NULL AND finish_reason = 'stop'
+                       ORDER BY prompt_id, sample_idx LIMIT 1""")[0]
+    def mean_lp(path):
+        lp = TransformersBackend(path, dtype="fp32").score([row["prompt_text"]], [row["completion"]])[0]
+        return sum(lp) / len(lp)
+
+    assert mean_lp(paths[1]) == pytest.approx(row["mean_logprob"], abs=1e-4)
+    assert abs(mean_lp(paths[0]) - row["mean_logprob"]) > 1e-3
+
+
+def test_mcmc_accepts_moves_that_the_verifier_keeps(run):
+    store, _ = run
+    rows = q(store, f"""SELECT t.*, p.answer, p.source, p.text AS question, p.meta, p.solution
+                        FROM shaped_traces t JOIN (SELECT DISTINCT prompt_id, answer, source, text, meta, solution
+                                                   FROM prompts) p USING (prompt_id)
+                        WHERE t.run_id = '{RUN}'""")
+    moved = [r for r in rows if r["correct"] and r["accept_rate"] > 0]
+    assert moved, rows
+    for r in moved:
+        assert r["origin"] == "reference" and r["start_text"] == r["solution"] and r["tokens_changed"] > 0
+        assert verify(r["text"], r["answer"], r["source"], r["question"], r["meta"]).correct
+
+
+def test_heldout_pass_at_1_is_positive_and_recomputes(run, scripted):
+    """Every evaluation solves something; version 0's pass@1 equals the share of correct samples that the
+    same backend and the verifier give on the held-out prompts."""
+    store, _ = run
+    evals = q(store, f"SELECT policy_version, pass_at_1, pass_at_k FROM evals WHERE run_id = '{RUN}' ORDER BY 1")
+    assert [e["policy_version"] for e in evals] == [0, 1, 2, 3]
+    assert all(0 < e["pass_at_1"] <= e["pass_at_k"] for e in evals)
+    held = q(store, f"""SELECT p.text, p.answer, p.source, p.meta FROM pool h
+                        JOIN (SELECT DISTINCT prompt_id, text, answer, source, meta FROM prompts) p USING (prompt_id)
+                        WHERE h.run_id = '{RUN}' AND h.round = 0 AND h.status = 'heldout' ORDER BY prompt_id""")
+    out = scripted.generate([_ask(scripted, h["text"]) for h in held], 4, Sampling(0.7, 1.0, 40, 0))
+    shares = [sum(verify(c.text, h["answer"], h["source"], h["text"], h["meta"]).correct for c in g) / 4
+              for h, g in zip(held, out)]
+    assert evals[0]["pass_at_1"] == pytest.approx(sum(shares) / len(shares))
