@@ -7,8 +7,12 @@ Embedders:
   `tokenizer` and `model`). The batch goes to the device of the model's input embeddings, where the ids are
   consumed, and the vectors come back to the CPU; pooling runs on the model's device;
 - `hashing`: a hashing TF vector with sublinear counts (no fitted vocabulary, so it is stable per prompt).
-Each prompt's vector is keyed by (prompt_id, embedder) in the `embeddings` table; selecting again embeds
-only prompts that have no vector yet.
+Each prompt's vector is keyed by (prompt_id, embedding space) in the `embeddings` table (its `embedder`
+column holds the space); selecting again embeds only prompts that have no vector yet. The space is the
+embedder's name for `minilm` and `hashing`, whose vectors never change, and `policy:<weights>` for `policy`,
+whose vectors change with every checkpoint: `policy:<run>/v<N>` for a run's checkpoint (named by run and
+version, not by its folder, so a copied store still matches), else `policy:<model spec>` for a base model.
+The select stage keys its k-means centroids, and so its warm start, to the same space.
 """
 
 from __future__ import annotations
@@ -120,11 +124,25 @@ def embed(texts: list[str], embedder: str, backend=None) -> np.ndarray:
     raise ValueError(f"unknown embedder {embedder!r}: use one of {', '.join(EMBEDDERS)}")
 
 
+def embedding_space(embedder: str, namespace: str = "") -> str:
+    """The key of an embedding space: the embedder, plus `namespace` (the policy's weights) if given."""
+    return f"{embedder}{':' + namespace if namespace else ''}"
+
+
+def policy_namespace(store: Store, run_id: str, spec: str) -> str:
+    """Which weights the policy spec names: '<run>/v<N>' for one of the run's recorded checkpoints, else the
+    spec itself (a base model: 'default', 'tiny-random', a hub id or a folder)."""
+    from models.checkpoints import versions
+
+    hit = versions(store, run_id).filter(pl.col("path") == spec)
+    return f"{run_id}/v{hit['policy_version'][0]}" if hit.height else spec
+
+
 def cached_embeddings(store: Store, prompts: pl.DataFrame, embedder: str, backend=None,
                       namespace: str = "") -> tuple[np.ndarray, int]:
     """Vectors for `prompts` (prompt_id, text) in order, computing and landing only the missing ones.
     `namespace` separates policy embeddings of different checkpoints. Returns (vectors, newly embedded)."""
-    key = f"{embedder}{':' + namespace if namespace else ''}"
+    key = embedding_space(embedder, namespace)
     have = scan(store, "embeddings").filter(pl.col("embedder") == key).select("prompt_id", "vector").collect()
     have = have.unique("prompt_id")
     missing = prompts.join(have, on="prompt_id", how="anti")

@@ -1,7 +1,9 @@
 """Select stage: k-means diverse selection ("Diversify and Conquer", arXiv 2409.11378; ALGORITHMS.md §4),
 with the remaining gap measured by EPS, plus the `uniform` and `dapo_filter` baselines behind one interface.
 
-kmeans: embed the candidates; K = min(k_max, ceil(n/8)) clusters, warm-started from last round's centroids;
+kmeans: embed the candidates; K = min(k_max, ceil(n/8)) clusters, warm-started from last round's centroids
+when they live in the same embedding space (tasks/embed.py: the embedder, and for `policy` the checkpoint;
+a new checkpoint's hidden states are another space, where old centroids mean nothing, so it starts afresh);
 u_c = mean EPS of members scored last round (members never scored count as the mean of the scored ones plus
 an exploration bonus); w_c = softmax(u_c / T_sel); the batch is split over clusters by w with largest-
 remainder rounding, capped at each cluster's size (the excess is re-split over clusters with room); inside
@@ -19,7 +21,7 @@ from prefect import task
 from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store
-from tasks.embed import cached_embeddings
+from tasks.embed import cached_embeddings, embedding_space, policy_namespace
 from tasks.reporting import sig4, timed
 
 SELECTORS = ("kmeans", "uniform", "dapo_filter")
@@ -182,15 +184,16 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
     if cfg.selector == "kmeans":
         backend = (load_backend(model_cfg.policy, model_cfg.backend, model_cfg.device, model_cfg.dtype,
                                 model_cfg.batch_size) if cfg.embedder == "policy" else None)
-        x, fresh = cached_embeddings(store, cand.select("prompt_id", "text"), cfg.embedder, backend,
-                                     namespace=model_cfg.policy if cfg.embedder == "policy" else "")
-        prev = scan(store, "centroids").filter(last & (pl.col("embedder") == cfg.embedder)).sort("cluster").collect()
+        namespace = policy_namespace(store, run_id, model_cfg.policy) if cfg.embedder == "policy" else ""
+        space = embedding_space(cfg.embedder, namespace)  # centroids.embedder holds it, as embeddings.embedder does
+        x, fresh = cached_embeddings(store, cand.select("prompt_id", "text"), cfg.embedder, backend, namespace)
+        prev = scan(store, "centroids").filter(last & (pl.col("embedder") == space)).sort("cluster").collect()
         init = np.asarray(prev["vector"].to_list(), np.float32) if prev.height else None
         rows, cents = select_kmeans(ids, x, eps, cfg.batch_size, cfg.k_max, cfg.temperature, cfg.bonus, init, seed)
         tables["centroids"] = cents.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(round, pl.Int32).alias("round"),
-                                                 pl.lit(cfg.embedder).alias("embedder")).to_arrow()
+                                                 pl.lit(space).alias("embedder")).to_arrow()
         warm = init is not None and init.shape == (cents.height, x.shape[1])
-        extra = {"clusters": int(cents.height), "embedded": fresh, "warm_start": warm,
+        extra = {"clusters": int(cents.height), "embedded": fresh, "embedding_space": space, "warm_start": warm,
                  "cluster_entropy": sig4(cluster_entropy(rows["cluster"].to_numpy()))}
     elif cfg.selector == "uniform":
         rows, extra = select_uniform(ids, cfg.batch_size, seed), {}

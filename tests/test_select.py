@@ -120,3 +120,58 @@ def test_policy_embeddings_of_each_checkpoint_are_cached_apart(store, tiny_backe
     assert cached_embeddings(store, prompts, "policy", tiny_backend, namespace="v1")[1] == 2
     assert cached_embeddings(store, prompts, "policy", tiny_backend, namespace="v0")[1] == 0
     assert cached_embeddings(store, prompts, "policy", tiny_backend, namespace="v1")[1] == 0
+
+
+def _land_pool(store, run_id: str, rounds: int, n: int = 24) -> None:
+    import pyarrow as pa
+
+    from tests.conftest import prompt_rows
+
+    ids = prompt_rows(n)["prompt_id"].to_pylist()
+    if not store.files("prompts"):
+        store.commit("ingest-sel", {"prompts": prompt_rows(n)})
+    for r in range(rounds):
+        store.commit("pool", {"pool": pa.table({"run_id": [run_id] * n, "round": pa.array([r] * n, pa.int32()),
+                                                "prompt_id": ids, "status": ["active"] * n})}, run_id=run_id, round=r)
+
+
+def test_warm_start_is_keyed_to_the_embedding_space(store, tiny_backend):
+    """The policy's hidden states are another space after every checkpoint: round 1, sampled by v1, clusters
+    afresh instead of starting from v0's centroids; a round whose policy did not change, and MiniLM (whose
+    space never changes), warm-start. Each round's centroids and vectors are stored under their space."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from flows.config import ModelConfig, SelectConfig
+    from models.checkpoints import save_checkpoint
+    from storage.query import sql
+    from tasks.select import select_batch
+
+    cfg = SelectConfig(embedder="policy", batch_size=8, k_max=4)
+    _land_pool(store, "p", rounds=3)
+    base = ModelConfig(policy="tiny-random")
+    s0 = select_batch(store, "p", 0, cfg, base, include_reserve=False)
+    v1 = save_checkpoint(tiny_backend.model, tiny_backend.tokenizer, store, "p", 1)
+    store.commit("train", {"checkpoints": pa.table({
+        "run_id": ["p"], "policy_version": pa.array([1], pa.int32()), "parent_version": pa.array([0], pa.int32()),
+        "round": pa.array([0], pa.int32()), "path": [str(v1)], "created_at": [dt.datetime.now(dt.UTC)]})},
+        run_id="p", round=0)
+    new = ModelConfig(policy=str(v1))
+    s1 = select_batch(store, "p", 1, cfg, new, include_reserve=False)
+    s2 = select_batch(store, "p", 2, cfg, new, include_reserve=False)  # still v1: the same space
+    assert [s["embedding_space"] for s in (s0, s1, s2)] == ["policy:tiny-random", "policy:p/v1", "policy:p/v1"]
+    assert [s["warm_start"] for s in (s0, s1, s2)] == [False, False, True]
+    assert [s["embedded"] for s in (s0, s1, s2)] == [24, 24, 0]  # v1 embeds every prompt again, once
+    stored = sql(store, "SELECT round, embedder, count(*) AS k FROM centroids GROUP BY ALL ORDER BY round").to_pylist()
+    assert stored == [{"round": 0, "embedder": "policy:tiny-random", "k": 3}, {"round": 1, "embedder": "policy:p/v1", "k": 3},
+                      {"round": 2, "embedder": "policy:p/v1", "k": 3}]
+    vectors = sql(store, "SELECT embedder, count(*) AS n FROM embeddings GROUP BY ALL ORDER BY 1").to_pylist()
+    assert vectors == [{"embedder": "policy:p/v1", "n": 24}, {"embedder": "policy:tiny-random", "n": 24}]
+
+    minilm = SelectConfig(embedder="minilm", batch_size=8, k_max=4)
+    _land_pool(store, "m", rounds=2)
+    m0 = select_batch(store, "m", 0, minilm, base, include_reserve=False)
+    m1 = select_batch(store, "m", 1, minilm, new, include_reserve=False)  # a new checkpoint: MiniLM's space stays
+    assert (m0["embedding_space"], m1["embedding_space"]) == ("minilm", "minilm")
+    assert (m0["warm_start"], m1["warm_start"]) == (False, True)
