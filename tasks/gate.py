@@ -1,23 +1,59 @@
 """The validity gate every refined child passes before it enters the pool (ALGORITHMS.md §3).
 
-A child is rejected, with the reason stored, when
-- its text reveals the reference answer more often than its parent's text already did: as digits, as
-  words ("fifty-six"), in LaTeX (\\boxed{56}, \\frac{1}{2}), or as a quoted option inside a scaffold
-  ("(B) 56"); for multiple-choice children only the stem is checked, since the options must list it;
-- it is a multiple-choice reformulation whose correct option does not verify against the original answer,
+Every rejection reason reads `<category>: <detail>`, and the category (the text before the first colon) is
+one of a fixed set, so SQL counts rejections per category with `split_part(reason, ':', 1)`:
+
+- `too short`, `too long`: outside the configured length bounds;
+- `reveals answer`: the text shows the reference answer more often than its parent's text already did: as
+  digits, as words ("fifty-six"), in LaTeX (\\boxed{56}, \\frac{1}{2}), or as a quoted option inside a
+  scaffold ("(B) 56"); for multiple-choice children only the stem is checked, since the options must list it;
+- `bad options`: a multiple-choice child whose correct option does not verify against the original answer,
   or one of whose distractors does;
-- it is shorter or longer than the configured bounds.
+- `unsupported`: the strategy cannot make this child (no reference solution, no numeric distractors, ...);
+- `duplicate`: the child is already in the run's pool (set by the refine stage).
+
+Free text that replaces a question (a teacher_scaffold rewrite) must also be a coherent question about the
+same problem; `RewriteGate` checks, cheapest first:
+- `unchanged`: it repeats the parent;
+- `drops quantities`: some number of the parent is missing (as digits with the same sign, or in words), each
+  as often as the parent has it. Parents without numbers pass this check; the topic check below carries them;
+- `echoes prompt`: it copies a five-word run of the teacher's prompt (the instructions, or a quoted attempt)
+  that the parent does not have ("attempts and their rewards correct"): the teacher talked about the task
+  instead of writing the problem;
+- `not language`: too few of its words are dictionary words (the packaged MiniLM's WordPiece vocabulary of
+  whole words; a word with a capital after a small letter, "sepsisoker", is no word), or, from 5 words on,
+  too few are English function words (the, of, is, ...). Both hold whatever the policy is: noise decoded
+  from a 49k BPE vocabulary is mostly content words and fused fragments, never grammar;
+- `off topic`: its MiniLM cosine similarity to the parent is below a bound;
+- `not language` again: its mean token log-prob under the reference model (the run's base policy, version
+  0), scored as a user message, is more than a bound below the parent's. This is the check that rejects
+  English word salad, but under a random model every text scores about ln(vocabulary size), which is why the
+  model-free checks above come first.
+Default bounds were calibrated on 20 real rewrites by the embedded SmolLM2-135M as teacher, 20 by the tiny
+random model, 11 hand-written good scaffolds and 4 off-topic or word-salad ones (figures in `RewriteBounds`).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
 
 from tasks.rewards import exact_match, math_equiv
 
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
          "sixteen seventeen eighteen nineteen").split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def reason_category(reason: str) -> str:
+    """The stable category of a rejection reason: the text before its first colon.
+
+    >>> reason_category("drops quantities: 8 missing (the parent has 7, 8)")
+    'drops quantities'
+    """
+    return reason.split(":", 1)[0].strip()
 
 
 def number_words(n: int) -> str:
@@ -39,6 +75,10 @@ def number_words(n: int) -> str:
     return str(n)
 
 
+def _words_pattern(n: int) -> str:
+    return re.escape(number_words(n)).replace("\\-", "[- ]").replace("\\ ", "\\s+")
+
+
 def reveal_patterns(answer: str) -> list[re.Pattern]:
     """Every form of `answer` a leak could take."""
     a = answer.strip()
@@ -48,8 +88,7 @@ def reveal_patterns(answer: str) -> list[re.Pattern]:
         if value.is_integer() and abs(value) < 1_000_000:
             n = int(value)
             forms.add(re.escape(str(n)))
-            words = number_words(n)
-            forms.add(re.escape(words).replace("\\-", "[- ]").replace("\\ ", "\\s+"))
+            forms.add(_words_pattern(n))
             if n < 0:
                 forms.add(re.escape(number_words(n).replace("minus", "negative")).replace("\\ ", "\\s+"))
     except ValueError:
@@ -71,23 +110,199 @@ def leak_count(text: str, answer: str) -> int:
 def check_child(child_text: str, parent_text: str, answer: str, *, kind: str = "scaffold",
                 options: list[str] | None = None, correct: int | None = None,
                 min_chars: int = 8, max_chars: int = 4000) -> str | None:
-    """None if the child is valid, else the reason it is rejected."""
+    """None if the child is valid, else the reason it is rejected (the checks every child passes; a rewrite
+    also passes `RewriteGate`)."""
     if len(child_text.strip()) < min_chars:
-        return f"too short ({len(child_text.strip())} chars, min {min_chars})"
+        return f"too short: {len(child_text.strip())} chars (min {min_chars})"
     if len(child_text) > max_chars:
-        return f"too long ({len(child_text)} chars, max {max_chars})"
+        return f"too long: {len(child_text)} chars (max {max_chars})"
     if kind == "mcq":
         if options is None or correct is None:
-            return "multiple-choice child without options"
+            return "bad options: a multiple-choice child without options"
         stem = child_text.split("\nOptions:")[0]
         if leak_count(stem, answer) > leak_count(parent_text, answer):
-            return "reveals the answer in the question stem"
+            return "reveals answer: in the question stem"
         if not (exact_match(options[correct], answer) or math_equiv(options[correct], answer)):
-            return f"the correct option {options[correct]!r} does not verify against the answer {answer!r}"
+            return f"bad options: the correct option {options[correct]!r} does not verify against {answer!r}"
         bad = [o for i, o in enumerate(options) if i != correct and (exact_match(o, answer) or math_equiv(o, answer))]
         if bad:
-            return f"distractor {bad[0]!r} verifies as correct"
+            return f"bad options: distractor {bad[0]!r} verifies as correct"
         return None
     if leak_count(child_text, answer) > leak_count(parent_text, answer):
-        return "reveals the answer (digits, words, LaTeX or a quoted option)"
+        return "reveals answer: as digits, words, LaTeX or a quoted option"
     return None
+
+
+# ---- quantities ------------------------------------------------------------------------------------------
+
+# a signed number: the minus is a sign only when it does not follow a word or a closing bracket ("7-3" is a
+# subtraction of 3, "2 - -1" subtracts -1); thousands separators are dropped ("1,234" is 1234)
+_NUMBER = re.compile(r"(?<![\w.])([-−]?)(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?(?![\w])(?!\.\d)")
+
+
+def quantities(text: str) -> list[str]:
+    """The numbers in `text`, signed and normalised, in order.
+
+    >>> quantities("Calculate 2 - -1, then 7-3 and 1,234 * 0.5 (x2 is no number).")
+    ['2', '-1', '7', '3', '1234', '0.5']
+    """
+    out = []
+    for m in _NUMBER.finditer(text):
+        digits = m.group(2).replace(",", "") + (m.group(3) or "")
+        negative = bool(m.group(1)) and float(digits) != 0
+        out.append(("-" if negative else "") + digits)
+    return out
+
+
+def _quantity_count(text: str, value: str) -> int:
+    """How often `value` (from `quantities`) occurs in `text`, as a number or in words."""
+    count = quantities(text).count(value)
+    number = float(value)
+    if number.is_integer() and abs(number) < 1_000_000:
+        n = int(number)
+        words = [_words_pattern(abs(n))]
+        words = [rf"(?:minus|negative)\s+{w}" for w in words] if n < 0 else words
+        # a negative number's words are not also counted as its magnitude's ("minus seven" is not "seven")
+        lead = r"(?<!minus )(?<!negative )" if n >= 0 else ""
+        count += sum(len(re.findall(rf"{lead}\b{w}\b", text, re.IGNORECASE)) for w in words)
+    return count
+
+
+def missing_quantities(child: str, parent: str) -> list[str]:
+    """The parent's quantities the child does not keep (each as often as the parent has it)."""
+    need: dict[str, int] = {}
+    for q in quantities(parent):
+        need[q] = need.get(q, 0) + 1
+    return [q for q, k in need.items() if _quantity_count(child, q) < k]
+
+
+# ---- language --------------------------------------------------------------------------------------------
+
+_WORD = re.compile(r"[A-Za-z]+(?:['’][A-Za-z]+)?")
+FUNCTION_WORDS = frozenset("""
+a an the and or but if then so as of to in on at by for with from into about than that this these those it its
+is are was were be been being am do does did done have has had not no nor can could will would shall should may
+might must i you he she we they me him her us them my your his our their what which who whom whose when where
+why how all any each every some such only own same other more most very too just also there here up down out
+over under again one two three four five six seven eight nine ten first next now""".split())
+
+
+@cache
+def dictionary() -> frozenset[str]:
+    """Whole English words: the alphabetic, non-continuation entries of the packaged MiniLM's WordPiece
+    vocabulary (lower case; about 20k words)."""
+    from tasks.embed import minilm_path
+
+    entries = (minilm_path() / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    return frozenset(w for w in entries if w.isalpha() and w.isascii())
+
+
+def language_shares(text: str) -> tuple[float, float, int]:
+    """(share of dictionary words, share of function words, number of words) of `text`'s words."""
+    words = [w.replace("’", "'").split("'")[0] for w in _WORD.findall(text)]
+    if not words:
+        return 0.0, 0.0, 0
+    vocab = dictionary()
+    # a capital after a small letter ("storiesKB", "judgeUblic") marks BPE fragments fused into one string
+    shaped = [w for w in words if w.islower() or w.isupper() or w.istitle()]
+    known = sum(1 for w in shaped if w.lower() in vocab)
+    function = sum(1 for w in words if w.lower() in FUNCTION_WORDS)
+    return known / len(words), function / len(words), len(words)
+
+
+def _ngrams(text: str, n: int = 5) -> set[tuple[str, ...]]:
+    words = [w.lower() for w in _WORD.findall(text)]
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+# ---- the rewrite gate ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RewriteBounds:
+    """Bounds of `RewriteGate`, with the calibration figures (min / max over each set) they sit between.
+
+    - min_similarity 0.5: hand-written good scaffolds 0.59-0.96, tiny-model noise -0.08-0.09, SmolLM2-135M
+      rewrites 0.06-0.65 (the ones above 0.5 keep no quantities, leak, or echo the instructions);
+    - min_word_share 0.75: good 0.89-1.00, noise 0.32-0.60;
+    - min_function_share 0.15 (from 5 words): good 0.32-0.62, noise 0.00-0.02, 135M 0.20-1.00;
+    - max_logprob_drop 2.0 nats per token below the parent under SmolLM2-135M: good -0.56..+1.59, English
+      word salad keeping the numbers -2.62, tiny-model noise -10.3..-8.4.
+    """
+
+    min_similarity: float = 0.5
+    min_word_share: float = 0.75
+    min_function_share: float = 0.15
+    max_logprob_drop: float = 2.0
+    function_words_from: int = 5  # a shorter text is too short to judge its grammar by function words
+
+
+LogProbs = Callable[[list[str]], list[float]]  # texts -> mean token log-prob of each under the reference
+Embed = Callable[[list[str]], "object"]  # texts -> L2-normalised vectors, one row per text
+
+
+def _minilm(texts: list[str]):
+    from tasks.embed import embed_minilm
+
+    return embed_minilm(texts)
+
+
+def mean_logprobs(backend, texts: list[str]) -> list[float]:
+    """Mean token log-prob of each text under `backend`, scored as the content of a user message (the
+    backend's own chat template up to where the content starts)."""
+    marker = "\x00CONTENT\x00"
+    rendered = backend.render([{"role": "user", "content": marker}])
+    prefix = rendered.split(marker)[0] if marker in rendered else ""
+    scores = backend.score([prefix] * len(texts), texts)
+    return [sum(s) / len(s) if s else float("-inf") for s in scores]
+
+
+class RewriteGate:
+    """Judges free-text rewrites of a question in batches: text checks first, then one MiniLM call for all
+    survivors, then one reference-model scoring call for those still standing (skipped when `logprobs` is
+    None, or loaded lazily by the caller only when something reaches it)."""
+
+    def __init__(self, bounds: RewriteBounds = RewriteBounds(), embed: Embed = _minilm,
+                 logprobs: LogProbs | None = None):
+        self.bounds, self.embed, self.logprobs = bounds, embed, logprobs
+
+    def text_reason(self, child: str, parent: str, answer: str, prompt: str = "") -> str | None:
+        """The model-free checks, in order. `prompt`: what the teacher was asked (its runs must not be
+        parroted)."""
+        reason = check_child(child, parent, answer)
+        if reason:
+            return reason
+        if " ".join(child.split()) == " ".join(parent.split()):
+            return "unchanged: the rewrite repeats the parent"
+        missing = missing_quantities(child, parent)
+        if missing:
+            return f"drops quantities: {', '.join(missing)} missing (the parent has {', '.join(quantities(parent))})"
+        echoed = sorted((_ngrams(prompt) & _ngrams(child)) - _ngrams(parent))
+        if echoed:
+            return f"echoes prompt: copies {' '.join(echoed[0])!r} from what the teacher was asked"
+        b = self.bounds
+        words, function, n = language_shares(child)
+        if words < b.min_word_share:
+            return f"not language: {words:.0%} of its words are dictionary words (min {b.min_word_share:.0%})"
+        if n >= b.function_words_from and function < b.min_function_share:
+            return f"not language: {function:.0%} function words (min {b.min_function_share:.0%})"
+        return None
+
+    def check(self, items: Sequence[tuple[str, str, str, str]]) -> list[str | None]:
+        """A reason (or None: accepted) for each (child, parent, answer, teacher prompt)."""
+        reasons = [self.text_reason(*item) for item in items]
+        alive = [i for i, r in enumerate(reasons) if r is None]
+        if alive:
+            vecs = self.embed([items[i][0] for i in alive] + [items[i][1] for i in alive])
+            for k, i in enumerate(alive):
+                sim = float((vecs[k] * vecs[len(alive) + k]).sum())
+                if sim < self.bounds.min_similarity:
+                    reasons[i] = f"off topic: similarity {sim:.2f} to the parent (min {self.bounds.min_similarity:.2f})"
+        alive = [i for i, r in enumerate(reasons) if r is None]
+        if alive and self.logprobs is not None:
+            lp = self.logprobs([items[i][0] for i in alive] + [items[i][1] for i in alive])
+            for k, i in enumerate(alive):
+                child_lp, parent_lp = lp[k], lp[len(alive) + k]
+                if child_lp < parent_lp - self.bounds.max_logprob_drop:
+                    reasons[i] = (f"not language: mean log-prob {child_lp:.2f} under the reference model, the "
+                                  f"parent's {parent_lp:.2f} (max drop {self.bounds.max_logprob_drop:g})")
+        return reasons
