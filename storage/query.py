@@ -19,8 +19,9 @@ User SQL (`sql`, behind `refinery sql`) is read-only by two independent layers:
    (`temp_directory = ''`: a query that outgrows memory fails rather than writing), no extension
    autoloading, no Python replacement scans, and the configuration locked. So even a statement that slipped
    past the filter could not read Prefect's database, `.locks/`, `.tmp/`, `_landed/` or `catalog.duckdb`,
-   nor write anywhere. Chosen over a read-only fsspec filesystem registered in DuckDB, which was slower
-   (1.8x vs 1.2-1.4x on the 1M-rollout group statistics) and failed intermittently ("Out of buffer").
+   nor write anywhere. Cost (benchmarks/sql_confined.py, 1M rollouts): 1.0-1.4x the time of views over
+   `read_parquet`. A read-only fsspec filesystem registered in DuckDB (the other design evaluated, with the
+   same guarantee) measured 1.2-1.8x and failed intermittently with "Out of buffer".
 
 Every failure is a `QueryError` (a ValueError) with a one-line message: refusals are `QueryRefused`;
 DuckDB's errors keep their first line and a "Did you mean" / "Candidate bindings" hint when it gives one.
@@ -33,6 +34,7 @@ DuckDB resolves relative paths against its working directory, so it is opened fr
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 
 import duckdb
@@ -118,9 +120,23 @@ _REFUSED_FUNCTIONS = frozenset({
 _READ_HINT = "the SQL interface is read-only: SELECT, WITH, PIVOT, SUMMARIZE, DESCRIBE, SHOW, EXPLAIN SELECT"
 
 
+_parser_lock = threading.Lock()
+_parser_con: duckdb.DuckDBPyConnection | None = None
+
+
+def _statements(text: str) -> list:
+    """DuckDB's parse of `text`, on one shared connection that never executes anything (a new in-memory
+    database costs tens of milliseconds; parsing costs well under one)."""
+    global _parser_con
+    with _parser_lock:
+        if _parser_con is None:
+            _parser_con = duckdb.connect()
+        return _parser_con.extract_statements(text)
+
+
 def _parse(text: str) -> list:
     try:
-        return duckdb.connect().extract_statements(text)
+        return _statements(text)
     except duckdb.ParserException as e:
         raise QueryError(f"SQL syntax error: {one_line(e)}") from None
     except (duckdb.Error, ValueError) as e:  # e.g. a statement type the Python API cannot name
@@ -157,7 +173,7 @@ def _is_query(statement) -> bool:
         return True
     if kind == "MULTI":  # PIVOT without an IN list: DuckDB adds a CREATE TYPE for the pivot values first
         try:
-            wrapped = duckdb.connect().extract_statements(f"SELECT * FROM (\n{statement.query}\n)")
+            wrapped = _statements(f"SELECT * FROM (\n{statement.query}\n)")
         except duckdb.Error:
             return False  # COPY (PIVOT ...) TO, CREATE TABLE AS PIVOT, ...: not a query
         return len(wrapped) == 1 and wrapped[0].type.name in ("SELECT", "MULTI")
@@ -196,7 +212,7 @@ def check_read_only(query: str) -> None:
         readings = []
         for target in _explain_targets(statement.query):
             try:
-                parsed = duckdb.connect().extract_statements(target)
+                parsed = _statements(target)
             except (duckdb.Error, ValueError):
                 continue
             if len(parsed) == 1:

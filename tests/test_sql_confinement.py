@@ -154,7 +154,8 @@ ATTACKS = [
     ("SUMMARIZE SELECT * FROM read_blob('{catalog}')", "refused"),
     ("DESCRIBE SELECT * FROM read_parquet('{out}/*.parquet')", "refused"),
     ("PIVOT (SELECT * FROM read_text('{record}')) ON filename USING count(*)", "refused"),
-    ("SELECT * FROM read_text('http://127.0.0.1:9/x')", ""),
+    ("SELECT * FROM read_text('http://127.0.0.1:9/x')", "refused"),
+    ("SELECT * FROM 's3://bucket/x.parquet'", "refused"),
 ]
 
 
