@@ -112,6 +112,12 @@ def exact_match(pred: str | None, ref: str) -> float:
 
 def _serve_math_verify() -> None:
     """The worker process's loop: one JSON [pred, ref] per stdin line -> "1" or "0" per stdout line."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        # die with the parent even mid-check (stdin's EOF is only read between checks), or a SIGKILLed run
+        # would leave a hung check computing for minutes
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
     from math_verify import parse
     from math_verify import verify as mv_verify
 
@@ -136,18 +142,23 @@ def _serve_math_verify() -> None:
 class MathVerifyWorker:
     """A math-verify worker process, started on first use and replaced after a timeout (or a crash).
 
-    Checks are serialised by a lock (one process, one check at a time); a process that forks gets its own
-    worker. The start-up (importing sympy, about 0.5 s) is not charged to the first check's timeout.
+    Checks are serialised by a lock (one process, one check at a time); a forked child starts its own worker.
+    The start-up (importing sympy, about 0.5 s) is not charged to the first check's timeout. On Linux the
+    worker gets SIGKILL when the thread that started it ends (PR_SET_PDEATHSIG), so it never outlives its
+    process; the next check then starts a fresh one.
     """
 
     START_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine can take seconds
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
-        self._owner = 0  # pid that started _proc: a forked child must not share its parent's pipes
+        self._forget()
         self.timeouts = 0  # checks that overran, in this process's lifetime
         self.starts = 0
+
+    def _forget(self) -> None:
+        """A fresh state: also what a forked child gets, so it never shares its parent's pipes or a held lock."""
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
 
     def _start(self) -> subprocess.Popen:
         root = str(Path(__file__).resolve().parents[1])  # the worker imports tasks.rewards from this checkout
@@ -177,8 +188,8 @@ class MathVerifyWorker:
         """math-verify's verdict on pred == ref, or None if it overran `timeout` seconds (the worker is
         then killed, and the next check starts a new one)."""
         with self._lock:
-            if self._proc is None or self._owner != os.getpid() or self._proc.poll() is not None:
-                self._proc, self._owner = self._start(), os.getpid()
+            if self._proc is None or self._proc.poll() is not None:
+                self._proc = self._start()
             proc = self._proc
             try:
                 proc.stdin.write(json.dumps([pred, ref]) + "\n")
@@ -199,13 +210,14 @@ class MathVerifyWorker:
 
     def close(self) -> None:
         with self._lock:
-            if self._proc is not None and self._owner == os.getpid():
+            if self._proc is not None:
                 self._kill(self._proc)
             self._proc = None
 
 
 MATH_VERIFY = MathVerifyWorker()
 atexit.register(MATH_VERIFY.close)
+os.register_at_fork(after_in_child=MATH_VERIFY._forget)
 
 
 def math_check(pred: str | None, ref: str, timeout: float | None = None) -> tuple[float, bool]:
