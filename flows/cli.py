@@ -268,7 +268,8 @@ def cmd_catalog(a: argparse.Namespace) -> int:
     from storage.store import Store
 
     path = write_catalog(Store(a.store))
-    print(f"wrote {path}; open it with: duckdb -readonly {path}")
+    # the catalog names its files relative to the store folder (so a copied store works): open it from there
+    print(f"wrote {path}; open it with: cd {shlex.quote(os.path.dirname(path))} && duckdb -readonly catalog.duckdb")
     return 0
 
 

@@ -276,9 +276,14 @@ class Store:
             found = sorted(self.fs.find(top))
         except FileNotFoundError:
             found = []
-        if not found:
-            return good, bad
-        existing = set(self.fs.glob(self.path("*", "run_id=*", "round=*", "stage=*", "*")))
+        existing: dict[str, set[str]] = {}  # table -> its data files, listed once per call
+
+        def exists(rel: str) -> bool:
+            table = rel.split("/", 1)[0]
+            if table not in existing:
+                existing[table] = set(self.fs.glob(self.path(table, "run_id=*", "round=*", "stage=*", "*")))
+            return self.path(rel) in existing[table]
+
         for p in found:
             rel = p[len(top) + 1 :] if p.startswith(top + "/") else p
             if _RECORD_IN_FLIGHT.match(rel):
@@ -294,7 +299,7 @@ class Store:
                 continue
             record, problem = self._parse_record(p, text)
             if problem is None:
-                missing = [rp for t in record["tables"].values() for rp in t["paths"] if self.path(rp) not in existing]
+                missing = [rp for t in record["tables"].values() for rp in t["paths"] if not exists(rp)]
                 if missing:
                     problem = f"names {len(missing)} data file(s) that do not exist, e.g. {missing[0]}"
             if problem is None:
