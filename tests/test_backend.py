@@ -83,7 +83,10 @@ def test_seeded_sampling_is_reproducible(tiny_backend):
     assert [[x.token_ids for x in g] for g in a] == [[x.token_ids for x in g] for g in c]
     d = b.generate(prompts, 4, Sampling(temperature=0.9, top_p=0.95, max_new_tokens=8, seed=8))
     assert [[x.token_ids for x in g] for g in a] != [[x.token_ids for x in g] for g in d]
-    assert all(x.finish_reason == "length" and x.n_tokens == 8 for g in a for x in g if x.finish_reason != "stop")
+    for x in (x for g in a for x in g):  # "length" exactly at the limit; "stop" only before it, its EOS not kept
+        assert x.finish_reason in ("stop", "length") and (x.finish_reason == "length") == (x.n_tokens == 8)
+        assert not set(x.token_ids) & set(b.eos_ids) and len(x.logprobs) == x.n_tokens
+        assert all(lp <= 0 for lp in x.logprobs) and x.text == b.tokenizer.decode(x.token_ids, skip_special_tokens=True)
 
 
 def test_bad_sampling_parameters_are_named():
