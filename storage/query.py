@@ -97,8 +97,7 @@ def scan(store: Store, table: str) -> pl.LazyFrame:
         return pl.from_arrow(schema(table).empty_table()).lazy()
     if store.local:
         return pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore")
-    import pyarrow.dataset as ds  # fsspec roots: let pyarrow read through the store's filesystem
-
+    # fsspec roots: let pyarrow read through the store's filesystem
     stripped = [store.fs._strip_protocol(f) for f in files]
     # the table's schema, so that files written before a column was added read with nulls in it
     return pl.scan_pyarrow_dataset(ds.dataset(stripped, schema=schema(table), filesystem=store.fs, format="parquet"))
@@ -174,7 +173,7 @@ def _is_query(statement) -> bool:
     if kind == "MULTI":  # PIVOT without an IN list: DuckDB adds a CREATE TYPE for the pivot values first
         try:
             wrapped = _statements(f"SELECT * FROM (\n{statement.query}\n)")
-        except duckdb.Error:
+        except (duckdb.Error, ValueError):
             return False  # COPY (PIVOT ...) TO, CREATE TABLE AS PIVOT, ...: not a query
         return len(wrapped) == 1 and wrapped[0].type.name in ("SELECT", "MULTI")
     return False

@@ -155,6 +155,9 @@ class Store:
                 text = f.read()
         except FileNotFoundError:
             return False
+        except (OSError, UnicodeDecodeError) as e:
+            _report(path, f"unreadable: {e}")
+            return False
         record, problem = self._parse_record(path, text)
         if problem is None:
             missing = [p for t in record["tables"].values() for p in t["paths"] if not self.fs.exists(self.path(p))]

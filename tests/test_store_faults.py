@@ -174,3 +174,11 @@ def test_cleanup_in_a_loop_never_breaks_a_concurrent_writer(store):
     assert removed == []
     assert all(store.landed("w", 0, f"s{i}") for i in range(n))
     assert query.sql(store, "SELECT count(*) AS n FROM prompts").to_pylist() == [{"n": 3 * n}]
+
+
+def test_a_record_that_is_not_utf8_is_reported_not_raised(landed):
+    path = _record(landed, stage="more")
+    with open(path, "wb") as f:
+        f.write(b"\xff\xfe\x00junk")
+    assert not landed.landed("r", 0, "more")
+    assert len(landed.records()) == 1 and "unreadable" in landed.problems()[0]
