@@ -38,19 +38,41 @@ from tasks.shape import shape_task
 from tasks.train import train_task
 from tasks.utility import score_task
 
-_RESUMABLE = {"rounds", "run_id", "store"}  # fields a resumed run may change
+# Fields (dotted paths) a resumed run may change: none changes what already landed or makes it wrong. The
+# teacher and how it is reached (timeouts, retries, concurrency) only decide how later stages ask it, and
+# teacher answers are keyed by the teacher's name, so a new teacher never reuses the old one's answers;
+# model.batch_size only decides how many sequences decode together. A change is recorded on the resumed row.
+_RESUMABLE = {"rounds", "run_id", "store", "model.batch_size", "refine.teacher", "refine.teacher_timeout_s",
+              "refine.teacher_retries", "refine.teacher_backoff_s", "refine.teacher_concurrency"}
+_UNRECORDED = {"run_id", "store"}  # where the run lives, not how it runs
 
 
 def new_run_id() -> str:
     return "run-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
 
 
-def _check_resume(config: RunConfig, previous: dict) -> None:
-    now = config.model_dump(mode="json")
-    changed = sorted(k for k in set(now) | set(previous) if k not in _RESUMABLE and now.get(k) != previous.get(k))
-    if changed:
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    """A config tree as {dotted path: value}; lists (pool.sources, strategies) are single values."""
+    out = {}
+    for k, v in tree.items():
+        if isinstance(v, dict) and v:
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _check_resume(config: RunConfig, previous: dict) -> str | None:
+    """Refuse resuming with a changed field that decides landed data (naming it); for changed fields in
+    _RESUMABLE, return the line recorded on the resumed row ("resumed with changed refine.teacher: a -> b")."""
+    now, before = _leaves(config.model_dump(mode="json")), _leaves(previous)
+    changed = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
+    refused = [k for k in changed if k not in _RESUMABLE]
+    if refused:
         raise ValueError(f"run {config.run_id} already exists with a different config (differs in: "
-                         f"{', '.join(changed)}); resume it with the same config, or choose a new --run-id")
+                         f"{', '.join(refused)}); resume it with the same config, or choose a new --run-id")
+    noted = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed if k not in _UNRECORDED]
+    return f"resumed with changed {'; '.join(noted)}" if noted else None
 
 
 @flow(name="curriculum")
@@ -70,9 +92,8 @@ def curriculum(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 (a pydant
 
 def _rounds(config: RunConfig, store: Store) -> dict:
     previous = stored_config(store, config.run_id)
-    if previous is not None:
-        _check_resume(config, previous)
-    status = mark(store, config.run_id, "running", config.model_dump(mode="json"))
+    changes = _check_resume(config, previous) if previous is not None else None
+    status = mark(store, config.run_id, "running", config.model_dump(mode="json"), reason=changes)
     stages: list[dict] = []
     t0 = time.perf_counter()
     try:
@@ -96,7 +117,7 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                 stages.append(refine_task(store.uri, config.run_id, r, config.refine, model_r))
             if config.shape.enabled:
                 stages.append(shape_task(store.uri, config.run_id, r, spec, config.shape, model_r, config.rollout,
-                                         config.reward, config.refine.teacher, config.refine.teacher_max_new_tokens))
+                                         config.reward, config.refine))
             if config.train.enabled:
                 stages.append(train_task(store.uri, config.run_id, r, version, spec, base, config.train, model_r,
                                          config.rollout))

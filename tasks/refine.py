@@ -12,7 +12,10 @@ Routing, per the round's scores:
 Every child passes the validity gate (tasks/gate.py); rejected children are recorded with their reason in
 `refinements` and never enter `prompts`. Teacher calls are keyed on a hash of their payload; each answer
 lands in `teacher_calls` as soon as it returns (and is referenced from `refinements.teacher_call`), so a
-rerun, even after a crash mid-refine, reuses it instead of calling the teacher again.
+rerun, even after a crash mid-refine, reuses it instead of calling the teacher again. A payload the teacher
+cannot answer (an endpoint down, slow, rate-limited past its retries, or answering garbage) falls back per
+prompt: the ladder uses programmatic distractors, a scaffold is not made, and the row's reason says
+"teacher unavailable: <why>"; the round goes on, and the failure is not cached, so a later run asks again.
 Caps: at most `max_per_strategy` children per strategy and `max_children` in all, per round.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -141,23 +145,68 @@ def teacher_payload(parent: dict, rollouts: list[dict], teacher: Any) -> tuple[s
     return key, payload
 
 
-def ask_teacher(store: Store, teacher: Any, payloads: dict[str, str], cache: dict, max_new_tokens: int) -> set[str]:
-    """Answer every payload not in `cache` with one batched generate call; each answer lands in
-    `teacher_calls` before anything else happens, so a crash never costs a call twice. Returns the new keys."""
+LAND_EVERY_S = 2.0  # answers that returned within this long land as one commit: a commit per answer would
+                   # cost a Parquet file and a commit record each, for no safety a crash could notice
+
+
+def ask_teacher(store: Store, teacher: Any, payloads: dict[str, str], cache: dict,
+                max_new_tokens: int) -> tuple[set[str], dict[str, str]]:
+    """Ask the teacher every payload not in `cache`; returns (keys answered now, {key: one-line reason} of the
+    payloads it could not answer).
+
+    Answers land in `teacher_calls` as they return, not after the whole batch: an endpoint teacher (one with
+    `ask`) answers concurrently and whatever returned lands every LAND_EVERY_S; a local model answers in
+    batches of its batch size (one generate call each, its efficient unit), each landing when it returns. So
+    a crash costs at most the answers of those last seconds or that last batch, and a rerun never pays twice.
+    Failures are not cached: a later stage or run asks again."""
     missing = [k for k in payloads if k not in cache]
+    fresh: set[str] = set()
+    failed: dict[str, str] = {}
     if not missing:
-        return set()
-    prompts = [teacher.render([{"role": "user", "content": payloads[k]}]) for k in missing]
-    seed = int(hashlib.sha256("".join(missing).encode()).hexdigest()[:7], 16)
-    groups = teacher.generate(prompts, 1, Sampling(0.7, 1.0, max_new_tokens, seed))
-    answers = [g[0].text.strip() for g in groups]
+        return fresh, failed
     name = getattr(teacher, "name", "teacher")
-    digest = hashlib.sha256("".join(missing).encode()).hexdigest()[:16]
-    store.commit(f"teacher-{digest}", {"teacher_calls": pa.table({
-        "key": missing, "teacher": [name] * len(missing), "response": answers,
-        "created_at": [datetime.now(UTC)] * len(missing)})})
-    cache.update(zip(missing, answers))
-    return set(missing)
+    returned: list[tuple[str, str]] = []
+    last_landed = time.monotonic()
+
+    def land() -> None:
+        nonlocal last_landed
+        if returned:
+            keys = [k for k, _ in returned]
+            digest = hashlib.sha256("".join(keys).encode()).hexdigest()[:16]
+            store.commit(f"teacher-{digest}", {"teacher_calls": pa.table({
+                "key": keys, "teacher": [name] * len(keys), "response": [r for _, r in returned],
+                "created_at": [datetime.now(UTC)] * len(keys)})})
+            cache.update(returned)
+            fresh.update(keys)
+            returned.clear()
+        last_landed = time.monotonic()
+
+    def on_answer(key: str, text: str | None, error: str | None) -> None:
+        if error is not None:
+            failed[key] = error
+        else:
+            returned.append((key, text.strip()))
+        if time.monotonic() - last_landed >= LAND_EVERY_S:
+            land()
+
+    def messages(key: str) -> list[dict]:
+        return [{"role": "user", "content": payloads[key]}]
+
+    def sampling(keys: list[str]) -> Sampling:  # seeded by the keys asked together: a rerun asks the same
+        return Sampling(0.7, 1.0, max_new_tokens, int(hashlib.sha256("".join(keys).encode()).hexdigest()[:7], 16))
+
+    if hasattr(teacher, "ask"):
+        teacher.ask({k: (messages(k), sampling([k])) for k in missing}, on_answer)
+    else:
+        step = max(1, int(getattr(teacher, "batch_size", 0) or len(missing)))
+        for i in range(0, len(missing), step):
+            batch = missing[i : i + step]
+            groups = teacher.generate([teacher.render(messages(k)) for k in batch], 1, sampling(batch))
+            for k, g in zip(batch, groups):
+                on_answer(k, g[0].text, None)
+            land()
+    land()
+    return fresh, failed
 
 
 def teacher_cache(store: Store) -> dict:
@@ -185,14 +234,16 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
     pending: list[tuple[dict, str]] = []  # teacher_scaffold calls to make, batched
     payloads: dict[str, str] = {}  # every teacher call of the stage (scaffolds and distractors), by key
 
-    def record(parent_id: str, strategy: str, child: dict | None, reason: str | None, call: dict | None = None):
+    def record(parent_id: str, strategy: str, child: dict | None, reason: str | None, call: dict | None = None,
+               note: str | None = None):  # note: the reason column of an accepted row (a teacher fallback)
         accepted = child is not None and reason is None
         if accepted and any(c["prompt_id"] == child["prompt_id"] for c in children):
             return
         if accepted and child["prompt_id"] in in_pool and strategy != "promote":
             accepted, reason = False, "already in this run's pool"
         rows.append({"parent_id": parent_id, "child_id": child["prompt_id"] if child else None, "strategy": strategy,
-                     "accepted": accepted, "reason": reason, "teacher_call": json.dumps(call) if call else None})
+                     "accepted": accepted, "reason": reason or (note if accepted else None),
+                     "teacher_call": json.dumps(call) if call else None})
         if accepted and child["prompt_id"] not in by_id:  # a child another run already made is reused as is
             children.append(child)
         used[strategy] += 1
@@ -249,19 +300,28 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
             child, reason = harden_child(parent, run_id, round)
             record(parent["prompt_id"], "harden", child, reason)
 
-    fresh = ask_teacher(store, teacher, payloads, cache, cfg.teacher_max_new_tokens) if payloads else set()
+    # a payload the teacher could not answer falls back per prompt, with "teacher unavailable: <why>" recorded,
+    # and the round goes on; it is not cached, so a later round or run asks again
+    fresh, failed = ask_teacher(store, teacher, payloads, cache, cfg.teacher_max_new_tokens) if payloads else (
+        set(), {})
     fault_point("refine:mid")  # test hook: a fault test kills the process here, teacher calls landed, refine not
 
     def call(key: str) -> dict:
+        if key in failed:
+            return {"key": key, "teacher": teacher_name, "response": None, "reused": False, "error": failed[key]}
         return {"key": key, "teacher": teacher_name, "response": cache[key], "reused": key not in fresh}
 
     for parent, root, level, strategy, key in mcqs:
         used[strategy] -= 1
-        wrong = parse_distractors(cache[key], root["answer"], n_options(level) - 1)
-        child, reason = ladder_child(parent, root, level, run_id, round, wrong)
-        record(parent["prompt_id"], strategy, child, reason, call(key))
+        wrong = parse_distractors(cache[key], root["answer"], n_options(level) - 1) if key not in failed else []
+        child, reason = ladder_child(parent, root, level, run_id, round, wrong)  # programmatic ones fill the rest
+        unavailable = f"teacher unavailable: {failed[key]}; programmatic distractors" if key in failed else None
+        record(parent["prompt_id"], strategy, child, reason, call(key), note=unavailable)
     for parent, key in pending:
         used["teacher_scaffold"] -= 1
+        if key in failed:
+            record(parent["prompt_id"], "teacher_scaffold", None, f"teacher unavailable: {failed[key]}", call(key))
+            continue
         response = cache[key]
         if not response:
             record(parent["prompt_id"], "teacher_scaffold", None, "teacher returned nothing", call(key))
@@ -293,5 +353,5 @@ def refine_task(store_uri: str, run_id: str, round: int, cfg: Any, model_cfg: An
     from models.registry import load_teacher
 
     wanted = "teacher_scaffold" in cfg.strategies or ("ladder" in cfg.strategies and cfg.teacher_distractors)
-    teacher = load_teacher(cfg.teacher, model_cfg) if wanted else None
+    teacher = load_teacher(cfg.teacher, model_cfg, cfg) if wanted else None
     return refine(Store(store_uri), run_id, round, cfg, teacher)

@@ -55,8 +55,9 @@ def mark(store: Store, run_id: str, status: str, config: dict, reason: str | Non
 
 
 def stored_config(store: Store, run_id: str) -> dict | None:
+    """The run's latest config (a resume may have changed a field that cannot change landed data)."""
     rows = run_rows(store, run_id)
-    return json.loads(rows["config"][0]) if rows.height else None
+    return json.loads(rows["config"][-1]) if rows.height else None
 
 
 def _holder(store: Store, run_id: str) -> str:

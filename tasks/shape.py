@@ -34,8 +34,10 @@ def _candidates(store: Store, run_id: str, round: int, limit: int) -> pl.DataFra
 
 
 def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cfg: Any, rollout_cfg: Any,
-          reward_cfg: Any, teacher_spec: str, teacher_max_new_tokens: int) -> dict:
-    """The shape stage of (run_id, round) -> `shaped_traces`."""
+          reward_cfg: Any, refine_cfg: Any) -> dict:
+    """The shape stage of (run_id, round) -> `shaped_traces`. `refine_cfg` names the teacher (refine.teacher
+    and its teacher_* options) that writes traces for prompts without a reference solution; a prompt it
+    cannot answer is skipped (counted as teacher_unavailable), and the stage goes on."""
     from models.registry import load_backend, load_teacher
     from tasks.refine import ask_teacher, teacher_cache
     from tasks.rewards import verify
@@ -52,18 +54,21 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
         if r["solution"]:
             origins[r["prompt_id"]] = ("reference", r["solution"])
     need = [r for r in cands.iter_rows(named=True) if r["prompt_id"] not in origins]
-    calls = 0
+    calls, unavailable = 0, 0
     if need and cfg.teacher_traces:
-        teacher = load_teacher(teacher_spec, model_cfg.model_copy(update={"policy": policy}))
+        teacher = load_teacher(refine_cfg.teacher, model_cfg.model_copy(update={"policy": policy}), refine_cfg)
         name = getattr(teacher, "name", "teacher")
-        payloads = {}
+        payloads, keys = {}, {}
         for r in need:
             text = TEACHER_SOLUTION.format(answer=r["answer"], question=r["text"])
-            payloads[hashlib.sha256(f"{name}\x1fsolution\x1f{text}".encode()).hexdigest()[:24]] = text
+            keys[r["prompt_id"]] = hashlib.sha256(f"{name}\x1fsolution\x1f{text}".encode()).hexdigest()[:24]
+            payloads[keys[r["prompt_id"]]] = text  # two prompts with one question and answer share a call
         cache = teacher_cache(store)
-        calls = len(ask_teacher(store, teacher, payloads, cache, teacher_max_new_tokens))
-        for r, key in zip(need, payloads):
-            origins[r["prompt_id"]] = ("teacher", cache[key])
+        fresh, failed = ask_teacher(store, teacher, payloads, cache, refine_cfg.teacher_max_new_tokens)
+        calls, unavailable = len(fresh), len(failed)
+        for r in need:
+            if keys[r["prompt_id"]] in cache:  # a prompt whose call failed gets no trace this round
+                origins[r["prompt_id"]] = ("teacher", cache[keys[r["prompt_id"]]])
     tok = backend.tokenizer
     eos = backend.eos_ids[0]
     traces, meta = [], []
@@ -105,6 +110,7 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
     store.commit("shape", tables, run_id=run_id, round=round)
     kept = [r for r in rows if r["correct"]]
     return {"stage": "shape", "round": round, "traces": len(rows), "in_c": len(kept), "teacher_calls": calls,
+            "teacher_unavailable": unavailable,
             "accept_rate": sig4(_mean([r["accept_rate"] for r in kept])) if kept else None,
             "logprob_gain": sig4(_mean([r["end_logprob"] - r["start_logprob"] for r in kept])) if kept else None,
             "seconds": sig4(time.perf_counter() - t0)}
@@ -113,6 +119,5 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
 @task(name="shape")
 @timed
 def shape_task(store_uri: str, run_id: str, round: int, policy: str, cfg: Any, model_cfg: Any, rollout_cfg: Any,
-               reward_cfg: Any, teacher_spec: str, teacher_max_new_tokens: int) -> dict:
-    return shape(Store(store_uri), run_id, round, policy, cfg, model_cfg, rollout_cfg, reward_cfg, teacher_spec,
-                 teacher_max_new_tokens)
+               reward_cfg: Any, refine_cfg: Any) -> dict:
+    return shape(Store(store_uri), run_id, round, policy, cfg, model_cfg, rollout_cfg, reward_cfg, refine_cfg)
