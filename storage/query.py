@@ -165,6 +165,15 @@ def _first_word(text: str) -> str:
     return tokens[0][1].upper() if tokens else "?"
 
 
+def _name(statement) -> str:
+    """What to call a refused statement: its first word (COPY, ATTACH, CHECKPOINT, ...), or DuckDB's type
+    for one that opens with WITH or a parenthesis (WITH x AS (...) INSERT ... is an INSERT)."""
+    word = _first_word(statement.query)
+    if word in ("WITH", "(") and statement.type.name != "MULTI":
+        return statement.type.name.replace("_", " ")
+    return word
+
+
 def _is_query(statement) -> bool:
     """Is this parsed statement a read: SELECT, or a multi-statement PIVOT that is a query?"""
     kind = statement.type.name
@@ -218,11 +227,11 @@ def check_read_only(query: str) -> None:
                 readings.append((target, parsed[0]))
         if not readings:
             raise QueryRefused(f"EXPLAIN of something other than a query is not allowed; {_READ_HINT}")
-        for target, parsed in readings:
+        for _, parsed in readings:
             if not _is_query(parsed):
-                raise QueryRefused(f"EXPLAIN {_first_word(target)} is not allowed; {_READ_HINT}")
+                raise QueryRefused(f"EXPLAIN {_name(parsed)} is not allowed; {_READ_HINT}")
     elif not _is_query(statement):
-        raise QueryRefused(f"{_first_word(statement.query)} is not allowed; {_READ_HINT}")
+        raise QueryRefused(f"{_name(statement)} is not allowed; {_READ_HINT}")
     tokens = _tokens(query)
     for (kind, word), (_, after) in zip(tokens, tokens[1:]):
         name = word.strip('"').lower()
