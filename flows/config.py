@@ -129,6 +129,18 @@ class RefineConfig(Section):
     teacher_backoff_s: float = Field(1.0, ge=0.0, le=600.0, description="openai teacher: wait before the first "
                                      "retry, doubled for each next one (a 429's Retry-After replaces it)")
     teacher_concurrency: int = Field(4, ge=1, le=256, description="openai teacher: requests in flight at once")
+    scaffolds_from_policy: bool = Field(False, description="with teacher = 'policy', let the policy write "
+                                        "teacher_scaffold rewrites too (off: SmolLM2-135M wrote 0 valid ones in "
+                                        "20; configure a stronger teacher instead); distractors are still asked")
+    gate_min_similarity: float = Field(0.5, ge=-1.0, le=1.0, description="a rewrite's MiniLM cosine similarity "
+                                       "to its parent is at least this, else 'off topic'")
+    gate_min_word_share: float = Field(0.75, ge=0.0, le=1.0, description="share of a rewrite's words that are "
+                                       "dictionary words, at least; else 'not language'")
+    gate_min_function_share: float = Field(0.15, ge=0.0, le=1.0, description="share of English function words "
+                                           "(the, of, is...) in a rewrite of 5+ words, at least; else 'not language'")
+    gate_max_logprob_drop: float = Field(2.0, ge=0.0, le=100.0, description="a rewrite's mean token log-prob "
+                                         "under the base policy (version 0) is at most this many nats below its "
+                                         "parent's, else 'not language'")
 
 
 class ShapeConfig(Section):

@@ -17,6 +17,10 @@ cannot answer (an endpoint down, slow, rate-limited past its retries, or answeri
 prompt: the ladder uses programmatic distractors, a scaffold is not made, and the row's reason says
 "teacher unavailable: <why>"; the round goes on, and the failure is not cached, so a later run asks again.
 Caps: at most `max_per_strategy` children per strategy and `max_children` in all, per round.
+A teacher_scaffold rewrite also passes the rewrite gate (tasks/gate.py: keeps the parent's quantities, reads
+as language, stays on topic, parrots nothing of the teacher's prompt); every rejection reason leads with a
+stable category. With teacher = 'policy', scaffolds are skipped unless `scaffolds_from_policy` is set: a
+135M policy's rewrites of its own failures were never valid questions (0 of 20).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,7 +40,7 @@ from models.backend import Sampling
 from storage.ids import prompt_id as content_id
 from storage.query import scan
 from storage.store import Store, fault_point
-from tasks.gate import check_child
+from tasks.gate import RewriteBounds, RewriteGate, check_child, mean_logprobs, reason_category
 from tasks.ladder import LEVELS, distractor_payload, make_cloze, make_mcq, next_level, parse_distractors
 from tasks.reporting import timed
 
@@ -73,7 +78,7 @@ def ladder_child(parent: dict, root: dict, level: str, run_id: str, round: int,
     if level.startswith("mcq"):
         made = make_mcq(root["prompt_id"], q, a, n_options(level), list(teacher_distractors))
         if made is None:
-            return None, f"{level}: no numeric distractors for answer {a!r}"
+            return None, f"unsupported: {level} needs numeric distractors; answer {a!r} has none"
         text, options, correct = made
         reason = check_child(text, q, a, kind="mcq", options=options, correct=correct)
         by_teacher = sum(o in teacher_distractors for i, o in enumerate(options) if i != correct)
@@ -82,7 +87,7 @@ def ladder_child(parent: dict, root: dict, level: str, run_id: str, round: int,
     if level == "cloze":
         text = make_cloze(root["prompt_id"], q, a)
         if text is None:
-            return None, "cloze: the answer has too few digits to mask"
+            return None, "unsupported: cloze needs an answer of 2+ digits to mask"
         return _child(parent, text, "cloze", run_id, round, {"level": "cloze"}), None
     raise ValueError(f"not a ladder rung: {level}")
 
@@ -98,7 +103,7 @@ def hint_child(parent: dict, fraction: float, run_id: str, round: int,
     root = root or parent
     sol = root.get("solution")
     if not sol:
-        return None, "hint_prefix: no reference solution"
+        return None, "unsupported: hint_prefix needs a reference solution"
     words = sol.split()
     k = max(1, int(len(words) * fraction))
     text = f"{root['text']}\nA solution starts like this: {' '.join(words[:k])} ..."
@@ -120,7 +125,7 @@ def annealed_fraction(fraction: float, step: float = 0.1) -> float:
 def harden_child(parent: dict, run_id: str, round: int) -> tuple[dict | None, str | None]:
     """A sibling problem one reasoning-gym difficulty step up (a new problem, so a new answer)."""
     if not parent["source"].startswith("rg:"):
-        return None, "harden: source cannot make harder variants"
+        return None, "unsupported: harden needs an rg: source"
     from tasks.sources import rg_config_fields, rg_rows
 
     task_name = parent["source"][3:]
@@ -128,7 +133,7 @@ def harden_child(parent: dict, run_id: str, round: int) -> tuple[dict | None, st
     fields = rg_config_fields(task_name)
     key = next((k for k in ("max_digits", "max_terms") if k in fields), None)
     if key is None:
-        return None, f"harden: rg:{task_name} has no max_digits/max_terms to step up"
+        return None, f"unsupported: harden needs max_digits/max_terms, which rg:{task_name} lacks"
     gen = {k: v for k, v in params.items() if k in fields}
     gen[key] = int(gen.get(key, fields[key])) + 1
     seed = int(hashlib.sha256(parent["prompt_id"].encode()).hexdigest()[:7], 16)
@@ -215,8 +220,11 @@ def teacher_cache(store: Store) -> dict:
     return dict(calls.iter_rows())
 
 
-def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None) -> dict:
-    """The refine stage of (run_id, round): reads the round's scores, lands children and refinements."""
+def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None,
+           logprobs: Callable[[list[str]], list[float]] | None = None) -> dict:
+    """The refine stage of (run_id, round): reads the round's scores, lands children and refinements.
+    `logprobs`: mean token log-probs of texts under the reference model, for the rewrite gate's fluency
+    check (None skips that check; the model-free checks and the topic check still run)."""
     if store.landed(run_id, round, "refine"):
         return {"stage": "refine", "round": round, "skipped": "already landed"}
     this = (pl.col("run_id") == run_id) & (pl.col("round") == round)
@@ -240,7 +248,7 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
         if accepted and any(c["prompt_id"] == child["prompt_id"] for c in children):
             return
         if accepted and child["prompt_id"] in in_pool and strategy != "promote":
-            accepted, reason = False, "already in this run's pool"
+            accepted, reason = False, "duplicate: already in this run's pool"
         rows.append({"parent_id": parent_id, "child_id": child["prompt_id"] if child else None, "strategy": strategy,
                      "accepted": accepted, "reason": reason or (note if accepted else None),
                      "teacher_call": json.dumps(call) if call else None})
@@ -317,6 +325,12 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
         child, reason = ladder_child(parent, root, level, run_id, round, wrong)  # programmatic ones fill the rest
         unavailable = f"teacher unavailable: {failed[key]}; programmatic distractors" if key in failed else None
         record(parent["prompt_id"], strategy, child, reason, call(key), note=unavailable)
+    # the rewrite gate judges every answered scaffold at once (one MiniLM call, one reference scoring call)
+    gate = RewriteGate(RewriteBounds(cfg.gate_min_similarity, cfg.gate_min_word_share, cfg.gate_min_function_share,
+                                     cfg.gate_max_logprob_drop), logprobs=logprobs)
+    answered = [(p, k) for p, k in pending if cache.get(k)]  # a failed call is never cached
+    verdicts = dict(zip([k for _, k in answered], gate.check(
+        [(cache[k], p["text"], p["answer"], payloads[k]) for p, k in answered])))
     for parent, key in pending:
         used["teacher_scaffold"] -= 1
         if key in failed:
@@ -327,8 +341,7 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
             record(parent["prompt_id"], "teacher_scaffold", None, "teacher returned nothing", call(key))
             continue
         child = _child(parent, response, "teacher_scaffold", run_id, round)
-        record(parent["prompt_id"], "teacher_scaffold", child, check_child(response, parent["text"], parent["answer"]),
-               call(key))
+        record(parent["prompt_id"], "teacher_scaffold", child, verdicts[key], call(key))
 
     now = datetime.now(UTC)
     tables = {"refinements": pa.Table.from_pylist(
@@ -342,16 +355,43 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None)
     summary = pl.DataFrame(rows, schema={"strategy": pl.String, "accepted": pl.Boolean}) if rows else None
     counts = ({f"{k}{'' if a else ' (rejected)'}": v for k, a, v in
                summary.group_by("strategy", "accepted").len().iter_rows()} if summary is not None else {})
+    rejections: dict[str, int] = {}  # per stable category; SQL: split_part(reason, ':', 1)
+    for r in rows:
+        if not r["accepted"] and r["reason"]:
+            rejections[reason_category(r["reason"])] = rejections.get(reason_category(r["reason"]), 0) + 1
     return {"stage": "refine", "round": round, "children": len(children), "refinements": len(rows),
             "teacher_calls": sum(1 for r in rows if r["teacher_call"] and not json.loads(r["teacher_call"])["reused"]),
-            "by_strategy": counts}
+            "by_strategy": counts, "rejections": dict(sorted(rejections.items()))}
 
 
 @task(name="refine")
 @timed
 def refine_task(store_uri: str, run_id: str, round: int, cfg: Any, model_cfg: Any) -> dict:
-    from models.registry import load_teacher
+    from models.registry import load_backend, load_teacher
 
+    store = Store(store_uri)
+    self_taught = cfg.teacher == "policy" and not cfg.scaffolds_from_policy and "teacher_scaffold" in cfg.strategies
+    if self_taught:  # a small policy's rewrites of its own failures are noise: skipped until a teacher is set
+        cfg = cfg.model_copy(update={"strategies": [s for s in cfg.strategies if s != "teacher_scaffold"]})
     wanted = "teacher_scaffold" in cfg.strategies or ("ladder" in cfg.strategies and cfg.teacher_distractors)
     teacher = load_teacher(cfg.teacher, model_cfg, cfg) if wanted else None
-    return refine(Store(store_uri), run_id, round, cfg, teacher)
+    reference = reference_policy(store, run_id, model_cfg.policy)
+
+    def logprobs(texts: list[str]) -> list[float]:  # loads the reference only if a rewrite gets this far
+        return mean_logprobs(load_backend(reference, "transformers", model_cfg.device, model_cfg.dtype,
+                                          model_cfg.batch_size), texts)
+
+    out = refine(store, run_id, round, cfg, teacher, logprobs=logprobs)
+    if self_taught:
+        out["teacher_scaffold"] = ("off: the teacher is the policy (set refine.teacher, or "
+                                   "refine.scaffolds_from_policy = true)")
+    return out
+
+
+def reference_policy(store: Store, run_id: str, round_policy: str) -> str:
+    """The run's base policy (version 0), the gate's reference model: its recorded checkpoint row once the
+    first train stage landed, else the round's policy, which is the base until then."""
+    from models.checkpoints import versions
+
+    v0 = versions(store, run_id).filter(pl.col("policy_version") == 0)
+    return v0["path"][0] if v0.height else round_policy

@@ -101,7 +101,7 @@ def test_ladder_entry_promotion_harden_and_rejections(store):
     assert by[("ladder", one_digit["prompt_id"])]["transform"] == "mcq4"
     # the too-hard original already has its mcq4 child in the pool: recorded as rejected with the reason
     dup = by[("ladder", hard["prompt_id"])]
-    assert not dup["accepted"] and dup["reason"] == "already in this run's pool"
+    assert not dup["accepted"] and dup["reason"] == "duplicate: already in this run's pool"
     assert out["children"] == 3
 
 
@@ -182,3 +182,90 @@ def test_policy_teacher_distractors_through_the_real_backend(store, tiny_backend
     out = refine(store, "a", 0, RefineConfig(strategies=["ladder"], teacher_max_new_tokens=8), teacher)
     assert teacher.calls == 1 and out["children"] == 1
     assert sql(store, "SELECT count(*) AS n FROM teacher_calls").to_pylist() == [{"n": 1}]
+
+
+def _rejections_in_sql(store, run_id):
+    """Rejections per stable reason category, counted the way a user would in SQL."""
+    rows = sql(store, f"""SELECT split_part(reason, ':', 1) AS category, count(*) AS n FROM refinements
+                          WHERE run_id = '{run_id}' AND NOT accepted GROUP BY 1""").to_pylist()
+    return {r["category"]: r["n"] for r in rows}
+
+
+def test_tiny_random_teacher_gets_no_scaffold_into_the_pool(store, tiny_backend):
+    """The tiny random model as teacher, through the real refine stage: its rewrites are BPE noise, and none
+    is accepted; the summary's rejections per category are the SQL counts."""
+    from tasks.gate import mean_logprobs
+
+    pairs = ((7, 8), (6, 9), (3, 4), (5, 7), (2, 9), (8, 4))
+    prompts = [_original(f"Solve the following multiplication: {a} * {b}.", str(a * b)) for a, b in pairs]
+    _seed_round(store, "a", prompts, {i: [0] * 4 for i in range(len(prompts))})
+    cfg = RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=40)
+    teacher = CountingTeacher(tiny_backend)
+    out = refine(store, "a", 0, cfg, teacher, logprobs=lambda texts: mean_logprobs(tiny_backend, texts))
+    assert teacher.calls == len(prompts) and out["children"] == 0
+    rows = sql(store, "SELECT accepted, reason FROM refinements WHERE strategy = 'teacher_scaffold'").to_pylist()
+    assert len(rows) == len(prompts) and not any(r["accepted"] for r in rows)
+    assert sql(store, "SELECT count(*) AS n FROM prompts WHERE transform = 'teacher_scaffold'").to_pylist() == [
+        {"n": 0}]
+    assert out["rejections"] == _rejections_in_sql(store, "a") and sum(out["rejections"].values()) == len(prompts)
+    assert set(out["rejections"]) <= {"drops quantities", "not language", "off topic", "too short"}
+
+
+class RewritingTeacher(CountingTeacher):
+    """The backend protocol with a fixed rewrite per problem (the first key found in the prompt): what the
+    gate does with each kind of answer, whatever model would write it."""
+
+    def __init__(self, backend, replies: dict[str, str]):
+        super().__init__(backend)
+        self.replies, self.name = replies, "rewriting"
+
+    def generate(self, prompts, n, sampling, progress=None):
+        from models.backend import Completion
+
+        self.calls += len(prompts)
+        return [[Completion(next(r for k, r in self.replies.items() if k in p), [0], [-1.0])] for p in prompts]
+
+
+def test_gate_verdicts_land_with_their_categories(store, tiny_backend):
+    """A well-formed scaffold joins the pool; off-topic, number-dropping, noisy and parroting ones are
+    rejected, each with its category, countable in SQL and in the stage summary."""
+    noise = ("rylic hitherto repeat judgeublic emer interviewkonlawsidden seek Conversion monoxide tract "
+             "natunicode fructose Mack rural Nim begun newspaper gatheribidsorSure inappropriateellowsNs")
+    replies = {
+        "7 * 8": "Solve the following multiplication: 7 * 8. Think of seven groups of eight and add them up.",
+        "6 * 9": "My 6 cats and 9 dogs love long walks in the park on sunny afternoons.",
+        "3 * 4": "I'm sorry for your loss, but I'm sorry for the confusion. This is a classic example.",
+        "5 * 7": f"5 * 7 {noise}",
+        "2 * 9": "The student's attempts and their rewards (1 = correct) show that 2 * 9 is hard.",
+    }
+    prompts = [_original(f"Solve the following multiplication: {q}.", str(eval(q))) for q in replies]
+    _seed_round(store, "a", prompts, {i: [0] * 4 for i in range(len(prompts))})
+    out = refine(store, "a", 0, RefineConfig(strategies=["teacher_scaffold"]), RewritingTeacher(tiny_backend, replies))
+    rows = sql(store, """SELECT p.text AS parent, r.accepted, r.reason, c.transform FROM refinements r
+                         JOIN prompts p ON p.prompt_id = r.parent_id
+                         LEFT JOIN prompts c ON c.prompt_id = r.child_id""").to_pylist()
+    by = {next(q for q in replies if q in r["parent"]): r for r in rows}
+    assert by["7 * 8"]["accepted"] and by["7 * 8"]["transform"] == "teacher_scaffold" and out["children"] == 1
+    got = {q: r["reason"].split(":")[0] for q, r in by.items() if not r["accepted"]}
+    assert got == {"6 * 9": "off topic", "3 * 4": "drops quantities", "5 * 7": "not language",
+                   "2 * 9": "echoes prompt"}
+    assert out["rejections"] == _rejections_in_sql(store, "a") == {
+        "drops quantities": 1, "echoes prompt": 1, "not language": 1, "off topic": 1}
+
+
+def test_policy_teacher_scaffolds_stay_off_unless_asked(store):
+    """refine_task, as the flow runs it: with teacher = 'policy' (the default) no scaffold is asked for;
+    scaffolds_from_policy turns them on, and the tiny policy's rewrites are then all rejected."""
+    from flows.config import ModelConfig
+    from tasks.refine import refine_task
+
+    prompts = [_original(f"Solve the following multiplication: {a} * {b}.", str(a * b)) for a, b in ((7, 8), (6, 9))]
+    _seed_round(store, "a", prompts, {0: [0] * 4, 1: [0] * 4})
+    model = ModelConfig(policy="tiny-random")
+    cfg = RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=24)
+    off = refine_task.fn(store.uri, "a", 0, cfg, model)
+    assert off["refinements"] == 0 and off["teacher_scaffold"].startswith("off: the teacher is the policy")
+    _seed_round(store, "b", prompts, {0: [0] * 4, 1: [0] * 4})
+    on = refine_task.fn(store.uri, "b", 0, cfg.model_copy(update={"scaffolds_from_policy": True}), model)
+    assert on["teacher_calls"] == 2 and on["children"] == 0 and "teacher_scaffold" not in on
+    assert sum(on["rejections"].values()) == 2 == sum(_rejections_in_sql(store, "b").values())
