@@ -3,7 +3,7 @@
 `sql` (behind `refinery sql`) reads through registered pyarrow datasets on a DuckDB connection that has no
 file access; the baseline is `query.connect`, the views over `read_parquet` that user SQL ran on before (and
 that the project's own code still uses). Both are timed per query including connection set-up (listing the
-commit records, creating the views), medians over --repeats, on N synthetic rollouts (default 1,000,000,
+commit records, creating the views), medians over --repeats run in turn, on N synthetic rollouts (default 1,000,000,
 as in benchmarks/store.py) committed as 10 stages. Ratio = sql / direct.
 
     python benchmarks/sql_confined.py                # full size
@@ -46,19 +46,23 @@ def _synthetic_rollouts(n: int):
     return module.synthetic_rollouts(n)
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    times, out = [], None
+def interleaved(fns, repeats: int) -> list[tuple[float, object]]:
+    """Median time and last result of each function, run in turn (A, B, A, B, ...) so that a machine's
+    changing load falls on both alike."""
+    times: list[list[float]] = [[] for _ in fns]
+    outs: list[object] = [None] * len(fns)
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            outs[i] = fn()
+            times[i].append(time.perf_counter() - t0)
+    return [(statistics.median(t), out) for t, out in zip(times, outs)]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="refinery-sql-bench-"))
     try:
@@ -70,8 +74,8 @@ def main() -> None:
         size = sum(os.path.getsize(f) for f in store.files("rollouts")) / 2**20
         print(f"data: {a.rows:,} rollouts in {len(store.files('rollouts'))} Parquet files, {size:.0f} MiB")
         for name, q in QUERIES.items():
-            direct_t, direct = timed(lambda q=q: query.connect(store).sql(q).to_arrow_table(), a.repeats)
-            sql_t, confined = timed(lambda q=q: query.sql(store, q), a.repeats)
+            (direct_t, direct), (sql_t, confined) = interleaved(
+                [lambda q=q: query.connect(store).sql(q).to_arrow_table(), lambda q=q: query.sql(store, q)], a.repeats)
             assert confined.num_rows == direct.num_rows, (name, confined.num_rows, direct.num_rows)
             print(f"{name:26s} direct {direct_t:6.3f} s   sql (confined) {sql_t:6.3f} s   ratio {sql_t / direct_t:4.2f}")
     finally:

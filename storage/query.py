@@ -19,9 +19,10 @@ User SQL (`sql`, behind `refinery sql`) is read-only by two independent layers:
    (`temp_directory = ''`: a query that outgrows memory fails rather than writing), no extension
    autoloading, no Python replacement scans, and the configuration locked. So even a statement that slipped
    past the filter could not read Prefect's database, `.locks/`, `.tmp/`, `_landed/` or `catalog.duckdb`,
-   nor write anywhere. Cost (benchmarks/sql_confined.py, 1M rollouts): 1.0-1.4x the time of views over
-   `read_parquet`. A read-only fsspec filesystem registered in DuckDB (the other design evaluated, with the
-   same guarantee) measured 1.2-1.8x and failed intermittently with "Out of buffer".
+   nor write anywhere. Cost (benchmarks/sql_confined.py, 1M rollouts, 2 busy cores): 0.9-1.9x the time of
+   views over `read_parquet`, a few tenths of a second. A read-only fsspec filesystem registered in DuckDB
+   (the other design evaluated, same guarantee) was no faster (1.0-1.8x) and failed intermittently with
+   "Out of buffer" inside DuckDB's fsspec bridge.
 
 Every failure is a `QueryError` (a ValueError) with a one-line message: refusals are `QueryRefused`;
 DuckDB's errors keep their first line and a "Did you mean" / "Candidate bindings" hint when it gives one.
