@@ -9,6 +9,7 @@ form field showed a description. Marked `browser`; skipped when /usr/bin/chromiu
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 
-pytestmark = pytest.mark.browser
+
+def test_no_description_hides_text_in_angle_brackets():
+    """Without a browser: the UI renders descriptions as markdown, where <reasoning-gym task> is an HTML tag and
+    vanishes ('rg:, or a .jsonl/.parquet path'); inside a code span (`rg:<task>`) it shows as written."""
+    from flows.config import RunConfig
+
+    def descriptions(node, path=""):
+        if isinstance(node, dict):
+            if isinstance(node.get("description"), str):
+                yield path, node["description"]
+            for key, value in node.items():
+                yield from descriptions(value, f"{path}.{key}" if path else key)
+
+    tag = re.compile(r"<[A-Za-z/][^<>]*>")
+    hidden = {path: text for path, text in descriptions(RunConfig.model_json_schema())
+              if tag.search(re.sub(r"`[^`]*`", "", text))}
+    assert hidden == {}
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +55,7 @@ def browser_run(tmp_path_factory):
     return proc.returncode, proc.stderr, json.loads(summary_file.read_text()), store
 
 
+@pytest.mark.browser
 def test_the_form_starts_a_tiny_run_that_completes_and_its_report_renders(browser_run):
     from flows.config import RunConfig
     from storage.query import sql
@@ -66,16 +84,27 @@ def test_the_form_starts_a_tiny_run_that_completes_and_its_report_renders(browse
     assert {"pass_rate.png", "eps.png", "buckets.png", "eval.png"} <= set(report["plots"])  # each one decoded
     assert Path(report["path"]) == store.resolve() / "_reports" / "run_id=ui-browser" / "index.html"
     assert summary["screenshots"] == ["01-deployments.png", "02-curriculum-deployment.png", "03-run-form.png",
-                                      "04-run-form-filled.png", "05-submitted.png", "06-flow-run.png",
-                                      "07-flow-run-final.png", "08-report.png"]
+                                      "04-run-form-refused.png", "05-run-form-filled.png", "06-submitted.png",
+                                      "07-flow-run.png", "08-flow-run-final.png", "09-report.png"]
 
 
+@pytest.mark.browser
+def test_the_form_refuses_a_value_out_of_its_bounds(browser_run):
+    """RunConfig's bounds reach the form: rounds = 0 is refused with the field and the reason, and no run starts
+    (the script counts the deployment's flow runs before and after)."""
+    _, _, summary, _ = browser_run
+    assert summary["refused"] == ("Error creating flow run: Validation failed for field 'config.rounds'. "
+                                  "Failure reason: 0 is less than the minimum of 1")
+
+
+@pytest.mark.browser
 def test_serve_stops_clean_after_the_browser_run(browser_run):
     _, _, summary, _ = browser_run
     stop = summary["serve_stop"]
     assert (stop["stop_exit"], stop["serve_exit"], stop["processes_left"]) == (0, 0, []), stop
 
 
+@pytest.mark.browser
 def test_every_run_form_field_shows_its_description(browser_run):
     """Prefect draws the form from RunConfig's schema: a field without a description is a blank label, and text in
     <angle brackets> is dropped by the UI's markdown renderer."""

@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -110,6 +111,11 @@ def _api(url: str, path: str, body: dict | None = None):
     req = urllib.request.Request(url + "/api" + path, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
+
+
+def _page_id(url: str) -> str:
+    """The object id a UI page is about: the last part of its path (.../deployment/<id>?tab=Runs)."""
+    return urllib.parse.urlsplit(url).path.rstrip("/").rsplit("/", 1)[-1]
 
 
 def _norm(text: str) -> str:
@@ -182,9 +188,19 @@ class UI:
     def __init__(self, page, url: str, shots: Path):
         self.page, self.url, self.shots, self.taken = page, url, shots, []
 
-    def shot(self, name: str, full_page: bool = False) -> None:
+    def shot(self, name: str, full_page: bool = False, whole_form: bool = False) -> None:
+        """A PNG of the page; `whole_form`: of the whole run form, which scrolls inside the page (a full-page
+        screenshot would show only the part in view), by making the window as tall as the form for a moment."""
         path = self.shots / f"{len(self.taken) + 1:02d}-{name}.png"
-        self.page.screenshot(path=str(path), full_page=full_page)
+        if whole_form:
+            height = self.page.evaluate("document.querySelector('form').scrollHeight")
+            self.page.set_viewport_size({"width": VIEWPORT["width"], "height": min(height + 300, 16_000)})
+            self.page.wait_for_timeout(300)  # let it lay out at the new size
+        try:
+            self.page.screenshot(path=str(path), full_page=full_page)
+        finally:
+            if whole_form:
+                self.page.set_viewport_size(VIEWPORT)
         self.taken.append(path.name)
 
     def field(self, path: str, nth: int = 0):
@@ -195,10 +211,17 @@ class UI:
         return loc.nth(nth)
 
     def set_number(self, path: str, value: float, nth: int = 0) -> None:
-        self.field(path, nth).locator("input[type=number]").first.fill(str(value))
+        box = self.field(path, nth).locator("input[type=number]").first
+        box.fill(str(value))
+        box.blur()  # the number input commits its value on change, as when a person tabs on
 
     def set_text(self, path: str, value: str) -> None:
-        self.field(path).locator("textarea, input[type=text]").first.fill(value)
+        box = self.field(path).locator("textarea, input[type=text]").first
+        box.fill(value)
+        box.blur()
+
+    def shown(self, path: str, nth: int = 0) -> str:
+        return self.field(path, nth).locator("input, textarea").first.input_value()
 
     def choose(self, path: str, value: str) -> None:
         self.field(path).locator("button.p-select-button__control").first.focus()
@@ -255,6 +278,30 @@ def fill_form(ui: UI, run_id: str) -> None:
         ui.choose(path, value)
     for path, value in NUMBERS.items():
         ui.set_number(path, value)
+    # the form shows what was typed (a value a re-render dropped would be submitted as the default)
+    typed = {**{("config.Pool.Sources.Size", i): str(v) for i, v in enumerate(SOURCE_SIZES)},
+             **{(p, 0): str(v) for p, v in {**TEXTS, **NUMBERS, "config.Run Id": run_id}.items()}}
+    if wrong := [f"{p} shows {ui.shown(p, i)!r}, not {v!r}" for (p, i), v in typed.items() if ui.shown(p, i) != v]:
+        raise Failed("the filled form lost values: " + "; ".join(wrong))
+
+
+def refused(ui: UI, deployment_id: str) -> str:
+    """Rounds = 0 (the schema's minimum is 1): the form must refuse to submit, say why, and start no run."""
+    runs = {"deployments": {"id": {"any_": [deployment_id]}}}
+    before = len(_api(ui.url, "/flow_runs/filter", runs))
+    ui.set_number("config.Rounds", 0)
+    ui.page.get_by_role("button", name="Submit").click()
+    message = ui.page.locator(".p-toast__message:visible").filter(has_text="config.rounds").first
+    message.wait_for(timeout=15_000)
+    text = " ".join(message.inner_text().split())
+    ui.page.wait_for_timeout(800)  # the toast slides in
+    ui.shot("run-form-refused")
+    for close in ui.page.locator(".p-toast__close-btn:visible").all():  # the toast would cover Submit
+        with contextlib.suppress(Exception):
+            close.click(timeout=2000)
+    if "/run" not in ui.page.url or len(_api(ui.url, "/flow_runs/filter", runs)) != before:
+        raise Failed(f"rounds = 0 was submitted (the form said {text!r})")
+    return text
 
 
 def follow_run(ui: UI, flow_run_id: str, timeout: float) -> dict:
@@ -313,21 +360,23 @@ def drive(summary: dict, url: str, store: Path, shots: Path, run_id: str, run_ti
             run_button.wait_for()
             page.wait_for_load_state("networkidle")
             ui.shot("curriculum-deployment")
-            deployment_id = page.url.rstrip("/").rsplit("/", 1)[-1]
+            deployment_id = _page_id(page.url)
             summary["step"] = "open Run > Custom run"
             run_button.click()
             page.get_by_text("Custom run", exact=True).click()
             page.wait_for_url("**/run*")
             page.get_by_role("button", name="Submit").wait_for()
             page.locator('.schema-form-property').first.wait_for()
-            ui.shot("run-form", full_page=True)
+            ui.shot("run-form", whole_form=True)
 
             summary["step"] = "read the run form"
             schema = _api(url, f"/deployments/{deployment_id}")["parameter_openapi_schema"]
             summary["form"] = read_form(ui, schema)
+            summary["step"] = "submit a value out of its bounds"
+            summary["refused"] = refused(ui, deployment_id)
             summary["step"] = "fill the run form"
             fill_form(ui, run_id)
-            ui.shot("run-form-filled", full_page=True)
+            ui.shot("run-form-filled", whole_form=True)
             summary["step"] = "submit the run form"
             run_name = f"{run_id}-{int(time.time())}"  # a name no earlier run of this serve has
             page.locator(".flow-run-name-input input").fill(run_name)
@@ -337,7 +386,8 @@ def drive(summary: dict, url: str, store: Path, shots: Path, run_id: str, run_ti
             ui.shot("submitted")
             page.get_by_role("link", name=run_name, exact=True).first.click()  # the new run: open its page
             page.wait_for_url("**/runs/flow-run/*")
-            flow_run_id = page.url.rstrip("/").rsplit("/", 1)[-1].split("?")[0]
+            page.get_by_text("Task Runs", exact=True).first.wait_for()  # the run's own page has rendered
+            flow_run_id = _page_id(page.url)
             summary |= {"flow_run_id": flow_run_id, "flow_run_name": run_name}
             page.wait_for_load_state("networkidle")
             ui.shot("flow-run")
