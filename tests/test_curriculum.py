@@ -46,7 +46,23 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     evals = sql(store, "SELECT round, policy_version, n_prompts, k, pass_at_1 FROM evals WHERE run_id = 'e2e' "
                        "ORDER BY round, policy_version").to_pylist()
     assert [(e["round"], e["policy_version"]) for e in evals] == [(0, 0), (0, 1), (1, 2)]
-    assert all(e["n_prompts"] == 2 and e["k"] == 4 and 0 <= e["pass_at_1"] <= 1 for e in evals)
+    assert all(e["n_prompts"] == 2 and e["k"] == 4 for e in evals)
+    # version 0's numbers are what the same sampling and the verifier give on the held-out prompts
+    from models.backend import Sampling
+    from models.registry import load_backend
+    from tasks.evaluate import heldout_prompts, pass_at_k
+    from tasks.rewards import verify
+
+    cfg = load_config(sets=TINY)
+    held = heldout_prompts(store, "e2e").to_dicts()
+    base = load_backend("tiny-random", "transformers", cfg.model.device, cfg.model.dtype, cfg.model.batch_size)
+    groups = base.generate([base.render([{"role": "user", "content": f"{h['text']}\n{cfg.rollout.instruction}"}])
+                            for h in held], 4, Sampling(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens, 0))
+    solved = [sum(verify(c.text, h["answer"], h["source"], h["text"], h["meta"]).correct for c in g)
+              for h, g in zip(held, groups)]
+    assert evals[0]["pass_at_1"] == pytest.approx(sum(solved) / 8)
+    assert sql(store, "SELECT pass_at_k FROM evals WHERE run_id = 'e2e' AND policy_version = 0").to_pylist()[0][
+        "pass_at_k"] == pytest.approx(sum(pass_at_k(4, c, 4) for c in solved) / 2)
     # round 1 sampled version 1; the held-out prompts were never collected
     assert sql(store, "SELECT DISTINCT round, policy_version FROM rollouts WHERE run_id = 'e2e' ORDER BY 1"
                ).to_pylist() == [{"round": 0, "policy_version": 0}, {"round": 1, "policy_version": 1}]
@@ -66,12 +82,15 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     assert sql(store, """SELECT count(*) AS n FROM rollouts r JOIN pool p ON p.prompt_id = r.prompt_id
                          AND p.run_id = r.run_id AND p.status = 'heldout'""").to_pylist() == [{"n": 0}]
     per_prompt = sql(store, """SELECT r.round, r.prompt_id, count(*) AS n, any_value(s.bucket) AS bucket,
-                                      any_value(s.eps) AS eps
+                                      any_value(s.eps) AS eps, min(r.reward) AS lo, max(r.reward) AS hi
                                FROM rollouts r JOIN prompt_scores s USING (run_id, round, prompt_id)
                                GROUP BY ALL""").to_pylist()
-    assert len(per_prompt) == 2 * 6
-    assert all(r["n"] == 4 and r["bucket"] in ("informative", "saturated", "too_hard", "flat") and r["eps"] >= 0
-               for r in per_prompt)
+    assert len(per_prompt) == 2 * 6 and all(r["n"] == 4 for r in per_prompt)
+    for r in per_prompt:  # each bucket is the one its group's rewards make (tau = 0, tolerance 1e-6)
+        varied = r["hi"] - r["lo"] > 1e-6
+        want = ("informative" if varied and r["eps"] > 0 else "saturated" if r["lo"] >= 1 - 1e-6
+                else "too_hard" if r["hi"] <= 1e-6 else "flat")
+        assert r["bucket"] == want and (r["eps"] > 0) == (want == "informative") and r["eps"] >= 0, r
     statuses = sql(store, "SELECT status FROM runs WHERE run_id = 'e2e' ORDER BY created_at").column("status")
     assert statuses.to_pylist() == ["running", "completed"]
     # rerunning a finished run lands nothing new
@@ -97,9 +116,15 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     with contextlib.redirect_stdout(buf):
         assert main(["lineage", parent["parent_id"], "--json", "--store", store.root]) == 0
     tree = _json.loads(buf.getvalue())
-    assert tree["prompt"]["rounds"][0]["bucket"] in ("too_hard", "flat", "saturated")
-    assert tree["descendants"] and all(d["parent_id"] == parent["parent_id"] for d in tree["descendants"])
-    assert {d["status"] for d in tree["descendants"]} <= {"active", "reserve", "retired"}
+    pid = parent["parent_id"]
+    scored = sql(store, f"SELECT round, bucket FROM prompt_scores WHERE prompt_id = '{pid}' ORDER BY 1").to_pylist()
+    assert [(r["round"], r["bucket"]) for r in tree["prompt"]["rounds"]] == [(r["round"], r["bucket"]) for r in scored]
+    assert scored[0]["bucket"] in ("too_hard", "flat", "saturated")  # only those are refined
+    children = sql(store, f"""SELECT child_id, arg_max(p.status, p.round) AS status FROM refinements f
+                              JOIN pool p ON p.run_id = f.run_id AND p.prompt_id = f.child_id
+                              WHERE f.parent_id = '{pid}' AND f.accepted GROUP BY 1""").to_pylist()
+    assert tree["descendants"] and all(d["parent_id"] == pid for d in tree["descendants"])
+    assert {d["prompt_id"]: d["status"] for d in tree["descendants"]} == {c["child_id"]: c["status"] for c in children}
     with pytest.raises(ValueError, match="differs in: rollout"):
         curriculum(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="e2e", store=store.root))
 
