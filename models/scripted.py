@@ -25,7 +25,7 @@ Method, and its choices:
   solves iff frac(u + j/n) < r, so a group of n holds floor(r n) or ceil(r n) correct samples (exactly r n
   when that is whole). Groups are as mixed as r says, with no binomial luck. With row seeds
   (`generate_ids(row_seeds=...)`, MCMC shaping) each row draws its own u. At temperature 0 every sample
-  takes the modal outcome (solved iff r >= 1/2).
+  takes the modal outcome (solved iff r >= 1/2); other temperatures and top_p do not change r.
 - Token ids are the model tokenizer's encoding of the scripted text, cut at `max_new_tokens` (then
   finish_reason "length"); log-probs are that model's scores of those tokens given the prompt
   (`score_ids`), i.e. what the trainer's importance ratios need. Rendering, `score`, `encode`, `tokenizer`,
