@@ -7,6 +7,7 @@ form field showed a description. Marked `browser`; skipped when /usr/bin/chromiu
 `playwright` package is missing. Set REFINERY_UI_SHOTS=DIR to keep the screenshots.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -47,12 +48,23 @@ def browser_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui")
     shots = Path(os.environ.get("REFINERY_UI_SHOTS") or tmp / "shots")
     store = tmp / "store"
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "ui_browser.py"), "--screenshots", str(shots),
-                           "--store", str(store), "--run-id", "ui-browser"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    (shots / "summary.json").unlink(missing_ok=True)  # REFINERY_UI_SHOTS may hold an earlier run's
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "ui_browser.py"), "--screenshots", str(shots),
+                             "--store", str(store), "--run-id", "ui-browser"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:  # SIGTERM lets the script stop serve; serve --stop covers the rest
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=120)
+        from flows.serve import ServeError, stop_running
+
+        with contextlib.suppress(ServeError):
+            stop_running(store.resolve() / ".prefect", timeout=60)
+        pytest.fail(f"ui_browser.py did not finish in 900 s:\n{stderr[-3000:]}")
     summary_file = shots / "summary.json"
-    assert summary_file.exists(), f"ui_browser.py wrote no summary (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
-    return proc.returncode, proc.stderr, json.loads(summary_file.read_text()), store
+    assert summary_file.exists(), f"ui_browser.py wrote no summary (exit {proc.returncode}):\n{stderr[-3000:]}"
+    return proc.returncode, stderr, json.loads(summary_file.read_text()), store
 
 
 @pytest.mark.browser
@@ -83,9 +95,12 @@ def test_the_form_starts_a_tiny_run_that_completes_and_its_report_renders(browse
     assert report["heading"] == "Run ui-browser"
     assert {"pass_rate.png", "eps.png", "buckets.png", "eval.png"} <= set(report["plots"])  # each one decoded
     assert Path(report["path"]) == store.resolve() / "_reports" / "run_id=ui-browser" / "index.html"
+    # the round's table and the run's summary, published by the run the worker started, on its Artifacts tab
+    assert {"table:ui-browser-round-0", "markdown:ui-browser-summary"} <= set(summary["artifacts"])
     assert summary["screenshots"] == ["01-deployments.png", "02-curriculum-deployment.png", "03-run-form.png",
                                       "04-run-form-refused.png", "05-run-form-filled.png", "06-submitted.png",
-                                      "07-flow-run.png", "08-flow-run-final.png", "09-report.png"]
+                                      "07-flow-run.png", "08-flow-run-final.png", "09-flow-run-artifacts.png",
+                                      "10-report.png"]
 
 
 @pytest.mark.browser

@@ -9,9 +9,10 @@ Method. Start `refinery serve` on a fresh store and a free port (or drive one al
   2. read every field of the form (its label path and the description shown under it) and compare the
      descriptions with the deployment's parameter schema: a field with none, or one whose description the UI's
      markdown renderer mangles (text in <angle brackets> is taken for HTML and dropped), is reported;
-  3. fill the form for the tiny random model, 1 round and a pool of 8 prompts, with every stage cut to its
-     cheapest, and submit;
-  4. follow the flow run's page until Prefect's API reports a final state;
+  3. submit it with rounds = 0 and check that it is refused, naming the field, with no run started; then fill it
+     for the tiny random model, 1 round and a pool of 8 prompts, with every stage cut to its cheapest, check
+     that every input shows what was typed, and submit;
+  4. follow the flow run's page until Prefect's API reports a final state, then open its Artifacts tab;
   5. open <store>/_reports/run_id=<run>/index.html and check that it rendered: its heading names the run, and every
      plot image decoded (naturalWidth > 0);
 then stop serve with `refinery serve --stop` (SIGINT, then SIGKILL to its process group, if that fails) and check
@@ -26,8 +27,8 @@ Choices, and why:
 - A field is addressed by its label path (config.Model.Policy), computed in the page from the nesting of the
   form's properties, because many fields share a label (Seed, Temperature, Batch Size). The page is re-tagged
   before each lookup: the form re-renders when a value changes.
-- Choice inputs (Literal fields) open from the keyboard (focus, ArrowDown): in headless Chromium a mouse click on
-  Prefect's select button toggles its pop-over open and shut in one go.
+- Choice inputs (Literal fields) open from the keyboard (focus, ArrowDown), as a keyboard user does: a mouse
+  click on Prefect's select button did not open its options in headless Chromium 156.
 - The run's state is read from the REST API, while the page shows the same run: the API gives an exact state
   name where the page gives a badge to parse.
 - Serve's environment drops the caller's PREFECT_HOME, PREFECT_API_URL and REFINERY_STORE (a pytest session sets
@@ -131,6 +132,7 @@ class Serve:
         self.env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL", "REFINERY_STORE")}
         self.env |= {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
         self.proc: subprocess.Popen | None = None
+        self.seen: dict[int, object] = {}  # every descendant ever seen (psutil.Process), flow-run processes included
 
     def _cli(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "flows.cli", *args, "--store", str(self.store)]
@@ -150,19 +152,19 @@ class Serve:
             time.sleep(0.5)
         return time.monotonic() - t0
 
-    def descendants(self) -> list[int]:
+    def watch(self) -> None:
+        """Note serve's descendants now (called while the flow run goes on, so its processes are seen too)."""
         import psutil
 
-        try:
-            return [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
-        except psutil.Error:
-            return []
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process(self.proc.pid).children(recursive=True):
+                self.seen.setdefault(p.pid, p)
 
     def stop(self) -> dict:
         """`refinery serve --stop`; then check the serve process exited 0 and none of its processes is left."""
         import psutil
 
-        seen = [psutil.Process(p) for p in self.descendants() if psutil.pid_exists(p)]
+        self.watch()
         t0 = time.monotonic()
         stop = subprocess.run(self._cli("serve", "--stop"), cwd=ROOT, env=self.env, capture_output=True, text=True,
                               timeout=180)
@@ -173,8 +175,8 @@ class Serve:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             rc = self.proc.wait()
         left = []
-        for p in seen:
-            with contextlib.suppress(psutil.Error):
+        for p in self.seen.values():
+            with contextlib.suppress(psutil.Error):  # is_running() also checks the pid was not reused
                 if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                     left.append(p.pid)
                     p.kill()
@@ -304,9 +306,11 @@ def refused(ui: UI, deployment_id: str) -> str:
     return text
 
 
-def follow_run(ui: UI, flow_run_id: str, timeout: float) -> dict:
+def follow_run(ui: UI, flow_run_id: str, timeout: float, watch=None) -> dict:
     t0, state = time.monotonic(), {}
     while time.monotonic() - t0 < timeout:
+        if watch:
+            watch()
         run = _api(ui.url, f"/flow_runs/{flow_run_id}")
         state = run.get("state") or {}
         if state.get("type") in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
@@ -336,7 +340,7 @@ def check_report(ui: UI, report: Path, run_id: str) -> dict:
             "plots": [i["src"] for i in seen["images"]], "tables": seen["tables"]}
 
 
-def drive(summary: dict, url: str, store: Path, shots: Path, run_id: str, run_timeout: float) -> None:
+def drive(summary: dict, url: str, store: Path, shots: Path, run_id: str, run_timeout: float, watch=None) -> None:
     """Steps 1-5 against the serve at `url`, noting each step and its findings in `summary` (raises Failed on a
     failed check, or Playwright's error naming the step it hit)."""
     from playwright.sync_api import sync_playwright
@@ -396,11 +400,19 @@ def drive(summary: dict, url: str, store: Path, shots: Path, run_id: str, run_ti
                                     "policy": parameters["model"]["policy"],
                                     "sources": [s["size"] for s in parameters["pool"]["sources"]]}
             summary["step"] = "follow the flow run"
-            summary["flow_run"] = follow_run(ui, flow_run_id, run_timeout)
+            summary["flow_run"] = follow_run(ui, flow_run_id, run_timeout, watch)
             ui.shot("flow-run-final", full_page=True)
             if summary["flow_run"]["state"] != "COMPLETED":
                 raise Failed(f"flow run {flow_run_id} ended {summary['flow_run']['state']}: "
                              f"{summary['flow_run']['state_message']}")
+            summary["step"] = "open the run's artifacts"
+            artifacts = _api(url, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run_id]}}})
+            summary["artifacts"] = sorted(f"{a['type']}:{a.get('key') or a.get('description') or ''}"[:80]
+                                          for a in artifacts)
+            page.get_by_text("Artifacts", exact=True).first.click()
+            page.wait_for_load_state("networkidle")
+            page.wait_for_timeout(500)
+            ui.shot("flow-run-artifacts", full_page=True)
             summary["step"] = "open the report"
             summary["report"] = check_report(ui, store / "_reports" / f"run_id={run_id}" / "index.html", run_id)
             summary["step"] = "done"
@@ -444,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ui_browser: error: no Chromium at {CHROMIUM} (apt-get install chromium)", file=sys.stderr)
         return 1
     args.screenshots.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # so `finally` stops serve
     t0 = time.monotonic()
     summary: dict = {}
     error = None
@@ -456,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
                 serve = Serve(store.resolve(), args.port or free_port(), args.screenshots / "serve.log")
                 ready_s = serve.start(timeout=240)
                 url = serve.url
-            drive(summary, url.rstrip("/"), store.resolve(), args.screenshots, args.run_id, args.run_timeout)
+            drive(summary, url.rstrip("/"), store.resolve(), args.screenshots, args.run_id, args.run_timeout,
+                  serve.watch if serve else None)
             if serve:
                 summary["serve_ready_s"] = round(ready_s, 1)
             error = _checks(summary)
