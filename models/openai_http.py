@@ -117,7 +117,7 @@ class OpenAIBackend:
                 resp = client.post(url, json=payload)
             except httpx.TimeoutException:
                 last = f"no answer within {self.timeout_s:g} s"
-            except httpx.TransportError as e:
+            except httpx.HTTPError as e:  # refused, reset, protocol or decoding errors: worth another try
                 last = " ".join(str(e).split()) or type(e).__name__
             else:
                 if resp.is_success:

@@ -89,6 +89,13 @@ class _Handler(BaseHTTPRequestHandler):
             if srv.delay_s and srv.closing.wait(srv.delay_s):
                 return
             scripted = srv.script(srv, self.path, body) if srv.script else None
+            if scripted == "drop":  # promise a body, send a few bytes of it, hang up
+                self.send_response(200)
+                self.send_header("Content-Length", "500")
+                self.end_headers()
+                self.wfile.write(b'{"choi')
+                self.close_connection = True
+                return
             if scripted is not None:
                 return self._send(*scripted)
             if self.path == CHAT_PATH and srv.chat:
@@ -199,6 +206,12 @@ def test_server_errors_are_retried_then_answered():
         out = b.generate(["Q: 6*7?"], 2, Sampling(max_new_tokens=5, seed=3))
         assert [c.text for c in out[0]] == [" 42", " 42"] and out[0][0].logprobs == [-0.1, -0.2]
         assert srv.count(COMPLETIONS_PATH) == 3 and srv.requests[-1][1]["n"] == 2 and srv.requests[-1][1]["seed"] == 3
+
+
+def test_a_reply_cut_off_midway_is_retried():
+    with TeacherServer(script=lambda srv, p, b: "drop" if srv.count() == 1 else None) as srv:
+        out = ask_all(OpenAIBackend(srv.url, "t", retries=2, backoff_s=0.01), QUESTIONS[:1])
+        assert out["q0"][1] is None and out["q0"][0].startswith("1\n") and srv.count() == 2
 
 
 def test_slow_server_times_out_and_the_rest_are_not_asked():
