@@ -169,6 +169,12 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def _unavailable(stage: dict, what: str) -> str:
+    """The tail of a stage's line when its teacher could not answer some prompts (they fell back)."""
+    n = stage.get("teacher_unavailable") or 0
+    return f"; teacher unavailable for {n} prompt{'s' * (n != 1)} ({what})" if n else ""
+
+
 def print_summary(out: dict) -> None:
     from storage.query import sql
     from storage.store import Store
@@ -192,7 +198,7 @@ def print_summary(out: dict) -> None:
         elif s["stage"] == "shape":
             print(f"round {s['round']}: shaped {s['in_c']} of {s['traces']} off-policy traces (acceptance "
                   f"{s['accept_rate'] if s['accept_rate'] is not None else '-'}, mean log-prob gain "
-                  f"{s['logprob_gain'] if s['logprob_gain'] is not None else '-'})")
+                  f"{s['logprob_gain'] if s['logprob_gain'] is not None else '-'})" + _unavailable(s, "skipped"))
         elif s["stage"] == "train":
             print(f"round {s['round']}: trained v{s['policy_version']} in {s['steps']} steps on {s['sequences']} "
                   f"sequences ({s['zero_variance_groups']} zero-variance groups skipped, {s['sft_traces']} SFT "
@@ -202,7 +208,8 @@ def print_summary(out: dict) -> None:
                 print(f"round {s['round']}: held-out v{v}: " + ", ".join(f"{k} {x:.3f}" for k, x in m.items()))
         elif s["stage"] == "refine":
             detail = ", ".join(f"{k} {v}" for k, v in sorted(s["by_strategy"].items()))
-            print(f"round {s['round']}: refine made {s['children']} children ({detail})")
+            print(f"round {s['round']}: refine made {s['children']} children ({detail})"
+                  + _unavailable(s, "fell back; see refinements.reason"))
     q = f"""SELECT round, bucket, count(*) AS prompts, round(avg(mean_reward), 3) AS mean_pass,
             round(quantile_cont(eps, 0.25), 3) AS eps_p25, round(median(eps), 3) AS eps_p50,
             round(quantile_cont(eps, 0.75), 3) AS eps_p75, round(max(eps), 3) AS eps_max

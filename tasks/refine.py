@@ -361,7 +361,7 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None,
             rejections[reason_category(r["reason"])] = rejections.get(reason_category(r["reason"]), 0) + 1
     return {"stage": "refine", "round": round, "children": len(children), "refinements": len(rows),
             "teacher_calls": sum(1 for r in rows if r["teacher_call"] and not json.loads(r["teacher_call"])["reused"]),
-            "by_strategy": counts, "rejections": dict(sorted(rejections.items()))}
+            "by_strategy": counts, "rejections": dict(sorted(rejections.items())), "teacher_unavailable": len(failed)}
 
 
 @task(name="refine")

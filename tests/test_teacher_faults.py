@@ -3,6 +3,8 @@ reason recorded and is asked again later, and a run whose teacher endpoint is do
 with a working teacher (a changed config field that is allowed and recorded) without asking anything twice.
 Every teacher here is a real HTTP server on 127.0.0.1 (tests/test_openai_http.py's TeacherServer)."""
 
+import contextlib
+import io
 import json
 import threading
 import time
@@ -13,6 +15,7 @@ from test_openai_http import CHAT_PATH, TeacherServer, closed_port
 from test_refine_stage import _original, _seed_round
 
 import tasks.refine
+from flows.cli import print_summary
 from flows.config import RefineConfig, load_config
 from models.registry import load_teacher
 from storage.query import scan, sql
@@ -128,6 +131,13 @@ def test_down_teacher_run_completes_then_resumes_with_a_working_teacher(prefect_
     out = curriculum(load_config(sets=[*sets, f"refine.teacher={down}"], run_id="t", store=store.root, rounds=2))
     shaped = [s for s in out["stages"] if s["stage"] == "shape"]
     assert [s["teacher_unavailable"] > 0 and s["teacher_calls"] == 0 for s in shaped] == [True, True]
+    (refined,) = [s for s in out["stages"] if s["stage"] == "refine"]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_summary(out)  # what `refinery run` prints at the end
+    assert f"round 0: refine made {refined['children']} children (" in printed.getvalue()
+    assert f"; teacher unavailable for {refined['teacher_unavailable']} prompts (fell back; see refinements.reason)" \
+        in printed.getvalue() and refined["teacher_unavailable"] > 0
     fallbacks = sql(store, """SELECT strategy, accepted, count(*) AS n FROM refinements
                               WHERE reason LIKE 'teacher unavailable: %' GROUP BY ALL ORDER BY ALL""").to_pylist()
     assert [(f["strategy"], f["accepted"]) for f in fallbacks] == [("ladder", True), ("teacher_scaffold", False)]
