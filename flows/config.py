@@ -20,7 +20,7 @@ class Section(BaseModel):
 class SourceSpec(Section):
     """One prompt source of the run's pool."""
 
-    source: str = Field(description="rg:<reasoning-gym task>, or a .jsonl/.parquet path")
+    source: str = Field(description="`rg:<reasoning-gym task>`, or a .jsonl/.parquet path")
     size: int = Field(100, ge=1, le=1_000_000, description="rg: how many prompts to generate")
     params: dict[str, Any] = Field(default_factory=dict, description="rg: difficulty fields")
 
@@ -117,7 +117,7 @@ class RefineConfig(Section):
     promote_threshold: float = Field(0.5, ge=0.0, le=1.0, description="ladder promotion when mean reward > this")
     hint_fraction: float = Field(0.3, gt=0.0, lt=1.0, description="f: share of the solution revealed; each "
                                  "promotion of a hint child lowers it by 0.1, down to the open question")
-    teacher: str = Field("policy", description="'policy', 'openai:<base url>#<model>', or a model spec")
+    teacher: str = Field("policy", description="'policy', `openai:<base url>#<model>`, or a model spec")
     teacher_max_new_tokens: int = Field(128, ge=8, le=4096, description="longest teacher answer, in tokens")
     teacher_distractors: bool = Field(True, description="ask the teacher for multiple-choice distractors "
                                       "(programmatic ones fill the rest)")
@@ -195,7 +195,7 @@ class EvalConfig(Section):
 
 class RewardConfig(Section):
     verifier: Literal["auto", "rg", "math", "exact"] = Field("auto", description="auto: rg for rg: sources, else math")
-    strict: bool = Field(False, description="only \\boxed{} or <answer> tags count as an answer")
+    strict: bool = Field(False, description="only \\boxed{} or `<answer>` tags count as an answer")
     format_weight: float = Field(0.0, ge=0.0, le=1.0, description="weight of the format reward")
 
 
@@ -209,7 +209,7 @@ class RunConfig(Section):
     """A curriculum run. Rerunning the same run_id resumes at the first stage that has not landed."""
 
     run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
-                               description="default: run-<UTC timestamp>")
+                               description="default: `run-<UTC timestamp>`")
     rounds: int = Field(2, ge=1, le=10_000, description="rounds of pool -> select -> collect -> score -> "
                         "refine -> shape -> train -> evaluate; a resumed run may raise it to extend the run")
     store: str | None = Field(None, description="store root; default $REFINERY_STORE or ./refinery-store")
