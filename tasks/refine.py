@@ -360,7 +360,7 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None,
         if not r["accepted"] and r["reason"]:
             rejections[reason_category(r["reason"])] = rejections.get(reason_category(r["reason"]), 0) + 1
     return {"stage": "refine", "round": round, "children": len(children), "refinements": len(rows),
-            "teacher_calls": sum(1 for r in rows if r["teacher_call"] and not json.loads(r["teacher_call"])["reused"]),
+            "teacher_calls": len(fresh),  # answers asked for and received now (a failed call is teacher_unavailable)
             "by_strategy": counts, "rejections": dict(sorted(rejections.items())), "teacher_unavailable": len(failed)}
 
 
