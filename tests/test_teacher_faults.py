@@ -180,3 +180,19 @@ def test_down_teacher_run_completes_then_resumes_with_a_working_teacher(prefect_
     # fields that decide landed data still refuse a resume, naming the field
     with pytest.raises(ValueError, match=r"differs in: rollout\.temperature\)"):
         curriculum(load_config(sets=[*sets, "rollout.temperature=1.0"], run_id="t", store=store.root, rounds=3))
+
+
+def test_resume_allows_fields_that_cannot_change_landed_data_and_records_them():
+    from flows.curriculum import _check_resume
+
+    before = load_config(sets=TINY, run_id="r").model_dump(mode="json")
+    same = load_config(sets=TINY, run_id="r", store="/elsewhere")
+    assert _check_resume(same, before) is None  # where the store lives is not how the run runs
+    changed = load_config(sets=[*TINY, "model.batch_size=8", "refine.teacher_retries=5",
+                                "refine.teacher=openai:http://127.0.0.1:9#t"], run_id="r", rounds=4)
+    assert _check_resume(changed, before) == ("resumed with changed model.batch_size: 64 -> 8; refine.teacher: "
+                                              "'policy' -> 'openai:http://127.0.0.1:9#t'; refine.teacher_retries: "
+                                              "3 -> 5; rounds: 2 -> 4")
+    for field in ("rollout.temperature=1.0", "refine.teacher_max_new_tokens=32", "model.policy=default"):
+        with pytest.raises(ValueError, match=rf"differs in: {field.split('=')[0]}\)"):
+            _check_resume(load_config(sets=[*TINY, field], run_id="r"), before)
