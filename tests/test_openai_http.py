@@ -56,7 +56,7 @@ class TeacherServer(ThreadingHTTPServer):
             return Counter(b["messages"][-1]["content"] if "messages" in b else b["prompt"] for _, b, _ in self.requests)
 
     def __enter__(self):
-        threading.Thread(target=self.serve_forever, daemon=True).start()
+        threading.Thread(target=self.serve_forever, args=(0.05,), daemon=True).start()  # shutdown waits a poll
         return self
 
     def __exit__(self, *exc):
