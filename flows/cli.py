@@ -191,6 +191,9 @@ def print_summary(out: dict) -> None:
             if lope.get("groups"):
                 print(f"round {s['round']}: LoPE resampled {lope['groups']} all-fail groups ({lope['resamples']} "
                       f"samples, {lope.get('seconds', 0):.0f} s), rescued {lope['rescued']}, replaced {lope['replaced']} rollouts")
+            if s.get("verify_timeouts"):
+                print(f"round {s['round']}: {s['verify_timeouts']} math-verify checks timed out and scored 0 "
+                      f"(rollouts.verify_timeout)")
         elif s["stage"] == "select" and "clusters" in s:
             print(f"round {s['round']}: selected {s['selected']} of {s['candidates']} over {s['clusters']} clusters "
                   f"({s['selected_unscored']} never scored; scored ones: mean EPS {s['mean_eps_selected']:.3f} "
@@ -210,6 +213,10 @@ def print_summary(out: dict) -> None:
             detail = ", ".join(f"{k} {v}" for k, v in sorted(s["by_strategy"].items()))
             print(f"round {s['round']}: refine made {s['children']} children ({detail})"
                   + _unavailable(s, "fell back; see refinements.reason"))
+            if s.get("rejections"):
+                why = ", ".join(f"{k} {v}" for k, v in sorted(s["rejections"].items()))
+                print(f"round {s['round']}: the gate rejected {sum(s['rejections'].values())} children ({why}; "
+                      f"see refinements.reason)")
     q = f"""SELECT round, bucket, count(*) AS prompts, round(avg(mean_reward), 3) AS mean_pass,
             round(quantile_cont(eps, 0.25), 3) AS eps_p25, round(median(eps), 3) AS eps_p50,
             round(quantile_cont(eps, 0.75), 3) AS eps_p75, round(max(eps), 3) AS eps_max
