@@ -49,6 +49,7 @@ from pathlib import Path
 
 from models.backend import Completion, Sampling
 from models.hf import TransformersBackend
+from models.lorem import LOREM
 
 EIGHTHS = 8
 RATE_BOOST = {"mcq4": 6, "mcq10": 4, "cloze": 2, "hint": 3, "fewshot": 2, "lorem": 2, "version": 1}
@@ -149,8 +150,6 @@ def read_prompt(text: str) -> Reading:
 
 
 def _is_lorem(text: str) -> bool:
-    from tasks.lope import LOREM
-
     words = re.findall(r"[a-z]+", text.lower())
     vocab = set(LOREM)
     return len(words) >= 20 and sum(w in vocab for w in words) >= 0.9 * len(words)

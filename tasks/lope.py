@@ -20,12 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from models.backend import Completion, Sampling
+from models.lorem import LOREM
 
-LOREM = ("lorem ipsum dolor sit amet consectetur adipiscing elit sed do eiusmod tempor incididunt ut labore et "
-         "dolore magna aliqua ut enim ad minim veniam quis nostrud exercitation ullamco laboris nisi ut aliquip "
-         "ex ea commodo consequat duis aute irure dolor in reprehenderit in voluptate velit esse cillum dolore eu "
-         "fugiat nulla pariatur excepteur sint occaecat cupidatat non proident sunt in culpa qui officia deserunt "
-         "mollit anim id est laborum").split()
 RATIO_FLOOR = 0.1  # rho / (rho + 0.1)
 
 
