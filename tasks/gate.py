@@ -29,6 +29,11 @@ same problem; `RewriteGate` checks, cheapest first:
   0), scored as a user message, is more than a bound below the parent's. This is the check that rejects
   English word salad, but under a random model every text scores about ln(vocabulary size), which is why the
   model-free checks above come first.
+Two more categories mark rows the gate never judged, recorded by the refine stage for a scaffold it could
+not ask for; they are not counted as gate rejections (the run summary counts `teacher unavailable` per prompt
+on its own):
+- `teacher unavailable`: the teacher call failed (down, slow, rate-limited past its retries, garbage);
+- `empty answer`: the teacher answered with nothing.
 Default bounds were calibrated on 20 real rewrites by the embedded SmolLM2-135M as teacher, 20 by the tiny
 random model, 11 hand-written good scaffolds and 4 off-topic or word-salad ones (figures in `RewriteBounds`).
 """
@@ -45,6 +50,10 @@ from tasks.rewards import exact_match, math_equiv
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
          "sixteen seventeen eighteen nineteen").split()
 _TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+UNAVAILABLE, EMPTY_ANSWER = "teacher unavailable", "empty answer"
+NOT_JUDGED = frozenset({UNAVAILABLE, EMPTY_ANSWER})  # categories of rows the gate never saw
 
 
 def reason_category(reason: str) -> str:

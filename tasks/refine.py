@@ -40,7 +40,16 @@ from models.backend import Sampling
 from storage.ids import prompt_id as content_id
 from storage.query import scan
 from storage.store import Store, fault_point
-from tasks.gate import RewriteBounds, RewriteGate, check_child, mean_logprobs, reason_category
+from tasks.gate import (
+    EMPTY_ANSWER,
+    NOT_JUDGED,
+    UNAVAILABLE,
+    RewriteBounds,
+    RewriteGate,
+    check_child,
+    mean_logprobs,
+    reason_category,
+)
 from tasks.ladder import LEVELS, distractor_payload, make_cloze, make_mcq, next_level, parse_distractors
 from tasks.reporting import timed
 
@@ -319,12 +328,15 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None,
             return {"key": key, "teacher": teacher_name, "response": None, "reused": False, "error": failed[key]}
         return {"key": key, "teacher": teacher_name, "response": cache[key], "reused": key not in fresh}
 
+    unavailable: set[str] = set()  # prompts (parent ids) some teacher call of which failed and fell back
     for parent, root, level, strategy, key in mcqs:
         used[strategy] -= 1
+        if key in failed:
+            unavailable.add(parent["prompt_id"])
         wrong = parse_distractors(cache[key], root["answer"], n_options(level) - 1) if key not in failed else []
         child, reason = ladder_child(parent, root, level, run_id, round, wrong)  # programmatic ones fill the rest
-        unavailable = f"teacher unavailable: {failed[key]}; programmatic distractors" if key in failed else None
-        record(parent["prompt_id"], strategy, child, reason, call(key), note=unavailable)
+        note = f"{UNAVAILABLE}: {failed[key]}; programmatic distractors" if key in failed else None
+        record(parent["prompt_id"], strategy, child, reason, call(key), note=note)
     # the rewrite gate judges every answered scaffold at once (one MiniLM call, one reference scoring call)
     gate = RewriteGate(RewriteBounds(cfg.gate_min_similarity, cfg.gate_min_word_share, cfg.gate_min_function_share,
                                      cfg.gate_max_logprob_drop), logprobs=logprobs)
@@ -334,11 +346,13 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None,
     for parent, key in pending:
         used["teacher_scaffold"] -= 1
         if key in failed:
-            record(parent["prompt_id"], "teacher_scaffold", None, f"teacher unavailable: {failed[key]}", call(key))
+            unavailable.add(parent["prompt_id"])
+            record(parent["prompt_id"], "teacher_scaffold", None, f"{UNAVAILABLE}: {failed[key]}", call(key))
             continue
         response = cache[key]
         if not response:
-            record(parent["prompt_id"], "teacher_scaffold", None, "teacher returned nothing", call(key))
+            record(parent["prompt_id"], "teacher_scaffold", None, f"{EMPTY_ANSWER}: the teacher returned nothing",
+                   call(key))
             continue
         child = _child(parent, response, "teacher_scaffold", run_id, round)
         record(parent["prompt_id"], "teacher_scaffold", child, verdicts[key], call(key))
@@ -355,13 +369,15 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None,
     summary = pl.DataFrame(rows, schema={"strategy": pl.String, "accepted": pl.Boolean}) if rows else None
     counts = ({f"{k}{'' if a else ' (rejected)'}": v for k, a, v in
                summary.group_by("strategy", "accepted").len().iter_rows()} if summary is not None else {})
-    rejections: dict[str, int] = {}  # per stable category; SQL: split_part(reason, ':', 1)
+    rejections: dict[str, int] = {}  # gate verdicts per stable category; SQL: split_part(reason, ':', 1)
     for r in rows:
-        if not r["accepted"] and r["reason"]:
-            rejections[reason_category(r["reason"])] = rejections.get(reason_category(r["reason"]), 0) + 1
+        category = reason_category(r["reason"]) if not r["accepted"] and r["reason"] else None
+        if category and category not in NOT_JUDGED:
+            rejections[category] = rejections.get(category, 0) + 1
     return {"stage": "refine", "round": round, "children": len(children), "refinements": len(rows),
             "teacher_calls": len(fresh),  # answers asked for and received now (a failed call is teacher_unavailable)
-            "by_strategy": counts, "rejections": dict(sorted(rejections.items())), "teacher_unavailable": len(failed)}
+            "by_strategy": counts, "rejections": dict(sorted(rejections.items())),
+            "teacher_unavailable": len(unavailable)}  # prompts, not calls: a prompt can have two failed calls
 
 
 @task(name="refine")

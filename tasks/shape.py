@@ -65,7 +65,8 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
             payloads[keys[r["prompt_id"]]] = text  # two prompts with one question and answer share a call
         cache = teacher_cache(store)
         fresh, failed = ask_teacher(store, teacher, payloads, cache, refine_cfg.teacher_max_new_tokens)
-        calls, unavailable = len(fresh), len(failed)
+        calls = len(fresh)
+        unavailable = sum(keys[r["prompt_id"]] in failed for r in need)  # prompts, not calls: some share a call
         for r in need:
             if keys[r["prompt_id"]] in cache:  # a prompt whose call failed gets no trace this round
                 origins[r["prompt_id"]] = ("teacher", cache[keys[r["prompt_id"]]])

@@ -253,6 +253,17 @@ def test_gate_verdicts_land_with_their_categories(store, tiny_backend):
         "drops quantities": 1, "echoes prompt": 1, "not language": 1, "off topic": 1}
 
 
+def test_an_empty_answer_is_no_gate_rejection(store, tiny_backend):
+    """A teacher that answers with nothing: the row says so under its own category, and the summary's gate
+    rejections (what `refinery run` prints as "the gate rejected N children") do not count it."""
+    prompts = [_original(f"Solve the following multiplication: {q}.", str(eval(q))) for q in ("7 * 8", "6 * 9")]
+    _seed_round(store, "a", prompts, {0: [0] * 4, 1: [0] * 4})
+    replies = {"7 * 8": "", "6 * 9": "My 6 cats and 9 dogs love long walks in the park on sunny afternoons."}
+    out = refine(store, "a", 0, RefineConfig(strategies=["teacher_scaffold"]), RewritingTeacher(tiny_backend, replies))
+    assert _rejections_in_sql(store, "a") == {"empty answer": 1, "off topic": 1}
+    assert out["rejections"] == {"off topic": 1} and out["teacher_unavailable"] == 0
+
+
 def test_policy_teacher_scaffolds_stay_off_unless_asked(store):
     """refine_task, as the flow runs it: with teacher = 'policy' (the default) no scaffold is asked for;
     scaffolds_from_policy turns them on, and the tiny policy's rewrites are then all rejected."""

@@ -115,7 +115,8 @@ def test_refine_stage_falls_back_per_prompt_when_the_teacher_is_down(store):
     metas = sql(store, "SELECT meta FROM prompts WHERE transform = 'mcq4'").column("meta").to_pylist()
     assert len(metas) == 2 and all(json.loads(m)["teacher_distractors"] == 0 for m in metas)
     assert _landed_keys(store) == [] and out["children"] == 2 and store.landed("a", 0, "refine")
-    assert out["teacher_calls"] == 0 and out["teacher_unavailable"] == 4  # 2 distractor and 2 scaffold payloads
+    # 4 failed calls (2 distractor and 2 scaffold payloads) for 2 prompts; the gate judged none of them
+    assert out["teacher_calls"] == 0 and out["teacher_unavailable"] == 2 and out["rejections"] == {}
 
 
 def test_down_teacher_run_completes_then_resumes_with_a_working_teacher(prefect_api, store, monkeypatch):
