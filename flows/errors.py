@@ -8,9 +8,11 @@ Choices, and why:
   own input.
 - At most `MAX_PARTS` lines and `MAX_CHARS` characters survive, with a count of what was left out, so a
   rejection of 10,000 rows stays one readable line.
-- User-facing errors (bad input the user can fix: ValueError, KeyError, OSError, DuckDB's errors, or any
-  exception with `user_facing = True`) print their message alone; anything else is a fault, and its type
-  name is kept so that a bug report says what broke.
+- User-facing errors (bad input the user can fix: ValueError, OSError, DuckDB's errors, or any exception
+  with `user_facing = True`, such as storage's NotFound for an unknown table or prompt id) print their
+  message alone; anything else is a fault, and its type name is kept so that a bug report says what broke.
+  A plain KeyError is a fault: `data["choices"]` on a malformed answer is a bug, reported as
+  `KeyError: 'choices'` with the hint to rerun with --debug, never as a bare "choices".
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ MAX_CHARS = 2000
 
 
 def is_user_facing(e: BaseException) -> bool:
-    if getattr(e, "user_facing", False) or isinstance(e, ValueError | KeyError | OSError):
+    if getattr(e, "user_facing", False) or isinstance(e, ValueError | OSError):
         return True
     return type(e).__module__.split(".")[0] in ("duckdb", "_duckdb")  # Binder, Catalog, Parser errors
 
 
 def message(e: BaseException) -> str:
-    """The exception's text: a KeyError's key without repr quotes, else str(e)."""
-    if isinstance(e, KeyError) and len(e.args) == 1 and isinstance(e.args[0], str):
+    """The exception's text: a user-facing KeyError's message without repr quotes, else str(e) (a plain
+    KeyError keeps its quotes: `'choices'` reads as a key, a bare `choices` would not)."""
+    if isinstance(e, KeyError) and is_user_facing(e) and len(e.args) == 1 and isinstance(e.args[0], str):
         return e.args[0]
     return str(e)
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import duckdb
 
+from storage.schemas import NotFound
+
 _COLS = "prompt_id, parent_id, root_id, transform, source, run_id, round, text"
 
 _ANCESTORS = f"""
@@ -37,7 +39,7 @@ def lineage(con: duckdb.DuckDBPyConnection, prompt_id: str) -> dict:
     """The prompt, its ancestors (nearest first) and its descendants (by depth), from a store connection."""
     me = con.sql(f"SELECT {_COLS} FROM prompts WHERE prompt_id = $id", params={"id": prompt_id}).to_arrow_table()
     if me.num_rows == 0:
-        raise KeyError(f"no prompt with id {prompt_id!r} in the store")
+        raise NotFound(f"no prompt with id {prompt_id!r} in the store")
     return {
         "prompt": me.to_pylist()[0],
         "ancestors": _rows(con, _ANCESTORS, prompt_id),

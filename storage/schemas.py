@@ -182,11 +182,22 @@ _DUCKDB_TYPES = {
 }
 
 
+class NotFound(KeyError):
+    """A name the user gave (a table, a prompt id) that the store does not have: bad input the user can fix,
+    so the CLI prints its message alone (flows/errors.py). A plain KeyError is a programming slip and is
+    reported as a bug. str() is the message itself, without KeyError's repr quotes."""
+
+    user_facing = True
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if len(self.args) == 1 else super().__str__()
+
+
 def schema(table: str) -> pa.Schema:
     try:
         return TABLES[table]
     except KeyError:
-        raise KeyError(f"unknown table {table!r}; the store's tables are: {', '.join(TABLES)}") from None
+        raise NotFound(f"unknown table {table!r}; the store's tables are: {', '.join(TABLES)}") from None
 
 
 def conform(table: str, data: pa.Table) -> pa.Table:

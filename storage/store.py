@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 from filelock import FileLock
 from fsspec.implementations.local import LocalFileSystem
 
-from storage.schemas import TABLES, conform
+from storage.schemas import TABLES, NotFound, conform
 
 log = logging.getLogger("refinery.store")
 
@@ -350,7 +350,7 @@ class Store:
     def files(self, table: str, records: list[dict] | None = None) -> list[str]:
         """The data files of `table` that belong to landed stages (full paths or URIs)."""
         if table not in TABLES:
-            raise KeyError(f"unknown table {table!r}; the store's tables are: {', '.join(TABLES)}")
+            raise NotFound(f"unknown table {table!r}; the store's tables are: {', '.join(TABLES)}")
         recs = self.records() if records is None else records
         rels = sorted(p for r in recs if table in r["tables"] for p in r["tables"][table]["paths"])
         return [self.full(rel) for rel in rels]

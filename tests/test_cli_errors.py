@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from storage.schemas import TABLES, NotFound
 from storage.store import Store
 from tasks.ingest import ingest_source
 
@@ -147,4 +148,36 @@ def test_a_long_multi_line_message_stays_one_readable_line():
     line = one_line(rejected)
     assert "\n" not in line and line.startswith("big.jsonl: rejected, 10 bad row(s), nothing written: big.jsonl line 1:")
     assert line.count("field 'answer' is missing") == MAX_PARTS - 1 and line.endswith(f"(and {11 - MAX_PARTS} more)")
-    assert one_line(RuntimeError("")) == "RuntimeError" and one_line(KeyError("no such table")) == "no such table"
+    assert one_line(RuntimeError("")) == "RuntimeError" and one_line(NotFound("no such table")) == "no such table"
+    assert one_line(KeyError("choices")) == "KeyError: 'choices'"  # a plain KeyError is a slip, not user input
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["lineage", "zzz"], "no prompt with id 'zzz' in the store"),
+    (["sql", "SELECT 1"], f"unknown table 'nope'; the store's tables are: {', '.join(TABLES)}")],
+    ids=["prompt", "table"])
+def test_deliberate_not_found_errors_are_one_line_without_a_bug_hint(small_store, tmp_path, capsys, monkeypatch,
+                                                                    args, needle):
+    """Unknown prompt (real `refinery lineage`) and unknown table (storage's own check): the user's input,
+    so one line, no type name, no "looks like a bug" hint."""
+    import flows.cli
+    from storage.store import Store
+
+    if args[0] == "sql":  # the deliberate raise site in Store.files, reached as a command would reach it
+        monkeypatch.setattr(flows.cli, "cmd_sql", lambda a: Store(a.store).files("nope"))
+    assert flows.cli.main([*args, "--store", small_store.root]) == 1
+    assert capsys.readouterr().err.splitlines() == [f"refinery: error: {needle}"]
+
+
+def test_a_bare_key_error_is_reported_as_a_bug(small_store, capsys, monkeypatch):
+    """`data["choices"]` on a malformed answer is a programming slip: type name, quotes, and the bug hint."""
+    import flows.cli
+
+    def slip(a):
+        return {}["choices"]
+
+    monkeypatch.setattr(flows.cli, "cmd_lineage", slip)
+    assert flows.cli.main(["lineage", "x", "--store", small_store.root]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "refinery: error: KeyError: 'choices'",
+        "hint: this looks like a bug: rerun with --debug (or REFINERY_DEBUG=1) for the traceback"]
