@@ -117,15 +117,16 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from flows.config import load_config
+    from flows.config import load_config, placed
     from flows.preflight import validate_for_run
 
     config = load_config(a.config, a.set, run_id=a.run_id, rounds=a.rounds, store=a.store)  # fails before any work
+    # run id (named in the hint below) and store filled in first: the flow validates the very same config,
+    # so its own check is free
+    config = placed(config)
     validate_for_run(config)  # sources, models, teacher, backend: still before Prefect starts
     _prepare_prefect(a.store, a.verbose)
-    from flows.curriculum import curriculum, new_run_id
-
-    config = config.model_copy(update={"run_id": config.run_id or new_run_id()})  # named in the hint below
+    from flows.curriculum import curriculum
     try:
         out = curriculum(config)
     except Exception as e:

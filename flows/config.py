@@ -249,6 +249,23 @@ def _set(tree: dict, dotted: str, raw: str) -> None:
         node[keys[-1]] = raw
 
 
+def new_run_id() -> str:
+    from datetime import UTC, datetime
+
+    return "run-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+
+
+def placed(config: RunConfig) -> RunConfig:
+    """`config` with its run id (a new one if unset) and store (the default root if unset) filled in: the
+    config the curriculum flow runs. The CLI validates this one, so the flow's own check of the same config
+    is a memo hit (flows/preflight.py) and the sources and the Hub are not consulted twice."""
+    if config.run_id and config.store:
+        return config
+    from storage.store import default_root
+
+    return config.model_copy(update={"run_id": config.run_id or new_run_id(), "store": config.store or default_root()})
+
+
 def load_config(path: str | None = None, sets: list[str] = (), **overrides: Any) -> RunConfig:
     """A RunConfig from an optional TOML file, `section.key=value` overrides and keyword overrides.
     Raises ValueError naming each bad field."""

@@ -18,15 +18,14 @@ Choices, and why:
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 
 from prefect import flow
 
-from flows.config import RunConfig
+from flows.config import RunConfig, placed
 from flows.errors import reason as failure_reason
 from flows.preflight import validate_for_run
 from models.checkpoints import policy_for_round
-from storage.store import Store, default_root
+from storage.store import Store
 from tasks.evaluate import evaluate_task
 from tasks.pool import pool_task
 from tasks.refine import refine_task
@@ -45,10 +44,6 @@ from tasks.utility import score_task
 _RESUMABLE = {"rounds", "run_id", "store", "model.batch_size", "refine.teacher", "refine.teacher_timeout_s",
               "refine.teacher_retries", "refine.teacher_backoff_s", "refine.teacher_concurrency"}
 _UNRECORDED = {"run_id", "store"}  # where the run lives, not how it runs
-
-
-def new_run_id() -> str:
-    return "run-" + datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict:
@@ -78,8 +73,7 @@ def _check_resume(config: RunConfig, previous: dict) -> str | None:
 @flow(name="curriculum")
 def curriculum(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 (a pydantic default the UI form shows)
     """Run (or resume) a curriculum run; returns per-stage summaries."""
-    config = config.model_copy(update={"run_id": config.run_id or new_run_id(),
-                                       "store": config.store or default_root()})
+    config = placed(config)
     # Before the lock and any `runs` row: a config this machine cannot run (unknown task or model, missing
     # file, unusable backend) lands nothing, so the same run id works once it is fixed. The CLI has already
     # checked it (a no-op here); a UI or deployment run is checked only here.

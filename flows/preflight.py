@@ -18,7 +18,9 @@ Choices, and why:
 - File sources are read and validated in full: the pool stage reads them anyway, and a bad row found here
   costs nothing, while found there it fails the run. A run resumed after its round-0 pool landed never
   reads its sources again, so they are not checked then (a moved file does not block the resume).
-- A config that passed is remembered (by its JSON) for the life of the process, so the flow's own call
+- A config that passed is remembered (by its JSON, run id and store included, since a resumed run whose
+  pool landed skips the sources) for the life of the process. The CLI validates the config with its run
+  id and store filled in (`flows.config.placed`), exactly as the flow sees it, so the flow's own call
   after the CLI's costs nothing.
 """
 

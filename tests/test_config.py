@@ -239,3 +239,27 @@ def test_sources_are_not_rechecked_once_the_runs_pool_landed(tmp_path, monkeypat
     validate_for_run(load_config(sets=sets, run_id="landed", store=store.root))
     with pytest.raises(ValueError, match=r"pool\.sources\[0\]\.source: moved\.jsonl: no such file"):
         validate_for_run(load_config(sets=sets, run_id="fresh", store=store.root))
+
+
+def test_the_flow_does_not_check_the_config_the_cli_checked_again(prefect_api, tmp_path, monkeypatch, capsys):
+    """`refinery run` without --run-id: the CLI fills in the run id and store before it validates, so the
+    flow (a real Prefect flow run) sees the same config and its check is a memo hit; the expensive check
+    (every file source read, the Hub asked) runs once."""
+    import flows.preflight as preflight
+    from flows.cli import main
+    from storage.store import Store
+
+    class Stop(Exception):
+        user_facing = True
+
+    def stop(self):  # the flow's first step after its own validate_for_run
+        raise Stop("stopped after the flow's check")
+
+    checked = []
+    real = preflight.config_problems
+    monkeypatch.setattr(preflight, "config_problems", lambda c: checked.append(c.run_id) or real(c))
+    monkeypatch.setattr(preflight, "_VALIDATED", set())
+    monkeypatch.setattr(Store, "cleanup", stop)
+    assert main(["run", "--store", str(tmp_path / "store"), *sum((["--set", s] for s in TINY), [])]) == 1
+    assert "refinery: error: stopped after the flow's check" in capsys.readouterr().err.splitlines()
+    assert len(checked) == 1 and checked[0].startswith("run-")
