@@ -365,8 +365,9 @@ class Store:
         """Remove what crashed writers left: temp folders whose owner is gone, and stage folders that were
         renamed into a table but never got a commit record. Runs under the commit lock, so it never races a
         commit's renames or a temp folder's creation (see `_claim_tmp`). Kept: temp folders of live writers
-        of this host, of other hosts unless older than FOREIGN_TMP_TTL_S, and the stage folders of invalid
-        records (the stage's re-run replaces them)."""
+        of this host, of other hosts unless older than FOREIGN_TMP_TTL_S (by the owner record's `created`, or
+        its modification time for a record written before that field existed), and the stage folders of
+        invalid records (the stage's re-run replaces them)."""
         removed = []
         host = socket.gethostname()
         now = time.time() if now is None else now
@@ -384,7 +385,9 @@ class Store:
                         continue
                 elif owner:
                     created = owner.get("created")
-                    if not isinstance(created, (int, float)) or now - created < FOREIGN_TMP_TTL_S:
+                    if not isinstance(created, (int, float)):  # an owner record from before `created` existed
+                        created = _modified(self.fs, f"{tmp}/owner.json")
+                    if created is None or now - created < FOREIGN_TMP_TTL_S:
                         continue  # another host's writer may still be at work
                 try:
                     self.fs.rm(tmp, recursive=True)
@@ -421,6 +424,25 @@ def _report(path: str, problem: str) -> None:
     if (path, problem) not in _reported:
         _reported.add((path, problem))
         log.warning("skipping %s: %s", path, problem)
+
+
+def _modified(fs, path: str) -> float | None:
+    """`path`'s modification time (epoch seconds) on `fs`, or None if the filesystem cannot say."""
+    try:
+        return fs.modified(path).timestamp()
+    except Exception:  # NotImplementedError on some filesystems; then look in info() under the usual names
+        pass
+    try:
+        info = fs.info(path)
+    except Exception:
+        return None
+    for key in ("mtime", "LastModified", "updated", "last_modified"):
+        value = info.get(key)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return value.timestamp()
+    return None
 
 
 def _pid_alive(pid) -> bool:

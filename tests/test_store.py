@@ -137,3 +137,14 @@ def test_cleanup_removes_debris_but_not_landed_data(store):
     assert store.fs.exists(live) and store.fs.exists(foreign_new)
     assert query.scan(store, "prompts").collect().height == 3 and store.landed(None, None, "a")
     assert store.cleanup(now=now + 2 * 86400) == [foreign_new]  # a day later it is debris too
+
+
+def test_cleanup_ages_an_old_foreign_owner_record_by_its_mtime(store):
+    """Owner records written before `created` existed: another host's folder is aged by the record's
+    modification time, so it is kept while fresh and removed once a day old (never kept forever)."""
+    import time
+
+    legacy = _tmp_folder(store, "legacy", {"pid": 1, "host": "elsewhere"})
+    mtime = store.fs.modified(legacy + "/owner.json").timestamp()
+    assert store.cleanup(now=mtime + 60) == [] and store.fs.exists(legacy)
+    assert store.cleanup(now=max(mtime, time.time()) + 2 * 86400) == [legacy]
