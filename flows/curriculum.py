@@ -59,7 +59,15 @@ def _leaves(tree: dict, prefix: str = "") -> dict:
 
 def _check_resume(config: RunConfig, previous: dict) -> str | None:
     """Refuse resuming with a changed field that decides landed data (naming it); for changed fields in
-    _RESUMABLE, return the line recorded on the resumed row ("resumed with changed refine.teacher: a -> b")."""
+    _RESUMABLE, return the line recorded on the resumed row ("resumed with changed refine.teacher: a -> b").
+
+    `previous` (the stored config) is read through RunConfig when it still validates, so a field added
+    since the run started takes its default instead of reading as a change; one that no longer validates
+    (a field since removed or renamed) is compared as stored."""
+    try:
+        previous = RunConfig.model_validate(previous).model_dump(mode="json")
+    except ValueError:  # pydantic's ValidationError is a ValueError
+        pass
     now, before = _leaves(config.model_dump(mode="json")), _leaves(previous)
     changed = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
     refused = [k for k in changed if k not in _RESUMABLE]

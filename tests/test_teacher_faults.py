@@ -197,3 +197,18 @@ def test_resume_allows_fields_that_cannot_change_landed_data_and_records_them():
     for field in ("rollout.temperature=1.0", "refine.teacher_max_new_tokens=32", "model.policy=default"):
         with pytest.raises(ValueError, match=rf"differs in: {field.split('=')[0]}\)"):
             _check_resume(load_config(sets=[*TINY, field], run_id="r"), before)
+
+
+def test_resume_of_a_run_stored_before_a_field_existed():
+    """A stored config without a field added since (here refine.teacher_concurrency) is read with that
+    field's default, so resuming with the same config is no change; a real change is still refused."""
+    from flows.curriculum import _check_resume
+
+    before = load_config(sets=TINY, run_id="r").model_dump(mode="json")
+    del before["refine"]["teacher_concurrency"]
+    assert _check_resume(load_config(sets=TINY, run_id="r"), before) is None
+    with pytest.raises(ValueError, match=r"differs in: rollout\.temperature\)"):
+        _check_resume(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="r"), before)
+    before["refine"]["gone_field"] = 1  # no longer validates: compared as stored, so the field differs
+    with pytest.raises(ValueError, match=r"differs in: refine\.gone_field\)"):
+        _check_resume(load_config(sets=TINY, run_id="r"), before)
