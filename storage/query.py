@@ -138,9 +138,9 @@ def _parse(text: str) -> list:
     try:
         return _statements(text)
     except duckdb.ParserException as e:
-        raise QueryError(f"SQL syntax error: {one_line(e)}") from None
+        raise QueryError(f"SQL syntax error: {first_line_and_hint(e)}") from None
     except (duckdb.Error, ValueError) as e:  # e.g. a statement type the Python API cannot name
-        raise QueryRefused(f"not allowed: {one_line(e)}; {_READ_HINT}") from None
+        raise QueryRefused(f"not allowed: {first_line_and_hint(e)}; {_READ_HINT}") from None
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -148,7 +148,7 @@ def _tokens(text: str) -> list[tuple[str, str]]:
     try:
         raw = duckdb.tokenize(text)
     except Exception as e:  # the tokenizer rejects what the parser would too
-        raise QueryError(f"SQL syntax error: {one_line(e)}") from None
+        raise QueryError(f"SQL syntax error: {first_line_and_hint(e)}") from None
     out = []
     for i, (pos, kind) in enumerate(raw):
         end = raw[i + 1][0] if i + 1 < len(raw) else len(text)
@@ -286,19 +286,19 @@ def sql(store: Store, query: str) -> pa.Table:
             raise QueryRefused(f"{_first_word(query)} is not allowed; {_READ_HINT}")
         return result.to_arrow_table()
     except duckdb.PermissionException as e:
-        raise QueryRefused(f"refused: {one_line(e)} (queries may read only the store's tables)") from None
+        raise QueryRefused(f"refused: {first_line_and_hint(e)} (queries may read only the store's tables)") from None
     except duckdb.Error as e:
-        message = one_line(e)
+        message = first_line_and_hint(e)
         if "configuration has been locked" in message or "external access" in message.lower():
             raise QueryRefused(f"refused: {message}") from None
         raise QueryError(message) from None
     except (pa.ArrowException, OSError) as e:  # a landed file that pyarrow cannot read
-        raise QueryError(f"reading the store failed: {one_line(e)}") from None
+        raise QueryError(f"reading the store failed: {first_line_and_hint(e)}") from None
     finally:
         con.close()
 
 
-def one_line(e: BaseException | str) -> str:
+def first_line_and_hint(e: BaseException | str) -> str:
     """DuckDB's message in one line: its first line, plus the hint line that follows when there is one."""
     lines = [line.strip() for line in str(e).strip().splitlines()]
     out = lines[0] if lines else type(e).__name__
@@ -316,12 +316,17 @@ def write_catalog(store: Store) -> str:
         raise ValueError("catalog.duckdb can only be written into a local store; use `refinery sql` for URIs")
     dest = store.path("catalog.duckdb")
     tmp = store.path(f".catalog-{uuid.uuid4().hex}.duckdb")
-    con = duckdb.connect(tmp)
     try:
-        # binding a view reads its files: resolve the relative names against the store, for this session only
-        con.execute(f"SET file_search_path = {_quote(store.root)}")
-        connect(store, con, relative=True)
-    finally:
-        con.close()
-    os.replace(tmp, dest)
+        con = duckdb.connect(tmp)
+        try:
+            # binding a view reads its files: resolve the relative names against the store, for this session only
+            con.execute(f"SET file_search_path = {_quote(store.root)}")
+            connect(store, con, relative=True)
+        finally:
+            con.close()
+        os.replace(tmp, dest)
+    finally:  # a failed build leaves no .catalog-<uuid>.duckdb (or its WAL) behind; after the replace, none is
+        for leftover in (tmp, f"{tmp}.wal"):
+            if os.path.exists(leftover):
+                os.remove(leftover)
     return dest

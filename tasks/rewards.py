@@ -163,17 +163,16 @@ class MathVerifyWorker:
     def _start(self) -> subprocess.Popen:
         root = str(Path(__file__).resolve().parents[1])  # the worker imports tasks.rewards from this checkout
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        errors = tempfile.TemporaryFile()
-        proc = subprocess.Popen([sys.executable, "-c", "from tasks.rewards import _serve_math_verify as s; s()"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env,
-                                text=True, bufsize=1, start_new_session=True)  # Ctrl-C goes to us, not to it
-        ready = select.select([proc.stdout], [], [], self.START_TIMEOUT_S)[0] and proc.stdout.readline()
-        if ready != "ready\n":
-            self._kill(proc)
-            errors.seek(0)
-            tail = errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise RuntimeError(f"the math-verify worker process did not start: {tail[0]}")
-        errors.close()
+        with tempfile.TemporaryFile() as errors:  # closed whether or not the worker starts
+            proc = subprocess.Popen([sys.executable, "-c", "from tasks.rewards import _serve_math_verify as s; s()"],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env,
+                                    text=True, bufsize=1, start_new_session=True)  # Ctrl-C goes to us, not to it
+            ready = select.select([proc.stdout], [], [], self.START_TIMEOUT_S)[0] and proc.stdout.readline()
+            if ready != "ready\n":
+                self._kill(proc)
+                errors.seek(0)
+                tail = errors.read().decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                raise RuntimeError(f"the math-verify worker process did not start: {tail[0]}")
         self.starts += 1
         return proc
 

@@ -127,3 +127,24 @@ def test_a_worker_killed_from_outside_is_replaced():
     os.kill(MATH_VERIFY._proc.pid, signal.SIGKILL)
     MATH_VERIFY._proc.wait()
     assert math_check(r"\frac{3}{4}", "0.75") == (1.0, False)
+
+
+def test_a_worker_that_does_not_start_closes_its_stderr_file(monkeypatch):
+    """The worker's stderr goes to a temporary file; a worker that fails to start must not leak it."""
+    import sys
+    import tempfile
+
+    from tasks.rewards import MathVerifyWorker
+
+    opened = []
+    real = tempfile.TemporaryFile
+
+    def recording(*args, **kwargs):
+        opened.append(real(*args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", recording)
+    monkeypatch.setattr(sys, "executable", "/bin/sh")  # `sh -c "from tasks.rewards import ..."` fails at once
+    with pytest.raises(RuntimeError, match="the math-verify worker process did not start: "):
+        MathVerifyWorker()._start()
+    assert len(opened) == 1 and opened[0].closed

@@ -182,3 +182,14 @@ def test_a_record_that_is_not_utf8_is_reported_not_raised(landed):
         f.write(b"\xff\xfe\x00junk")
     assert not landed.landed("r", 0, "more")
     assert len(landed.records()) == 1 and "unreadable" in landed.problems()[0]
+
+
+def test_a_failed_catalog_build_leaves_no_temp_file(landed, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("view building broke")
+
+    monkeypatch.setattr(query, "connect", broken)
+    with pytest.raises(RuntimeError, match="view building broke"):
+        query.write_catalog(landed)
+    assert not [p for p in os.listdir(landed.root) if p.startswith(".catalog-")]
+    assert not os.path.exists(landed.path("catalog.duckdb"))
