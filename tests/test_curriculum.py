@@ -22,6 +22,10 @@ TINY = ["model.policy=tiny-random", "model.dtype=fp32", "rollout.max_new_tokens=
         '{"source": "rg:chain_sum", "size": 3, "params": {"max_terms": 2, "max_digits": 1}}]']
 
 
+# TINY with the policy writing teacher_scaffold rewrites (off by default): the gate must keep its noise out
+SELF_TEACHER = [*TINY, "refine.scaffolds_from_policy=true"]
+
+
 def _counts(store: Store, run: str) -> dict:
     q = f"""SELECT (SELECT count(*) FROM rollouts WHERE run_id = '{run}') AS rollouts,
                    (SELECT count(*) FROM (SELECT DISTINCT round, prompt_id, sample_idx FROM rollouts
@@ -34,7 +38,7 @@ def _counts(store: Store, run: str) -> dict:
 def test_two_rounds_on_the_tiny_model(prefect_api, store):
     from flows.curriculum import curriculum
 
-    out = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
+    out = curriculum(load_config(sets=SELF_TEACHER, run_id="e2e", store=store.root, rounds=2))
     full = ["pool", "select", "collect", "score", "refine", "shape", "train", "evaluate", "report"]
     assert [s["stage"] for s in out["stages"]] == full + [s for s in full if s != "refine"]
     # the chain of policy versions, one per round, each with its parent, and an evaluation of each
@@ -94,12 +98,19 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     statuses = sql(store, "SELECT status FROM runs WHERE run_id = 'e2e' ORDER BY created_at").column("status")
     assert statuses.to_pylist() == ["running", "completed"]
     # rerunning a finished run lands nothing new
-    again = curriculum(load_config(sets=TINY, run_id="e2e", store=store.root, rounds=2))
+    again = curriculum(load_config(sets=SELF_TEACHER, run_id="e2e", store=store.root, rounds=2))
     assert all("skipped" in s for s in again["stages"] if s["stage"] != "report")  # the report is redrawn
     counts = _counts(store, "e2e")
     assert counts["rollouts"] == counts["distinct_rollouts"] == 48 and counts["scores"] == 12
     children = sql(store, "SELECT count(*) AS n FROM refinements WHERE run_id = 'e2e' AND accepted").to_pylist()[0]["n"]
     assert children > 0 and counts["pool"] == 8 + 8 + children  # round 1's pool holds the accepted children
+    # the tiny model's rewrites are random tokens: the gate accepts none, and says why per category in SQL
+    rewrites = sql(store, """SELECT accepted, split_part(reason, ':', 1) AS category, count(*) AS n
+                             FROM refinements WHERE run_id = 'e2e' AND strategy = 'teacher_scaffold'
+                             GROUP BY ALL""").to_pylist()
+    assert sum(r["n"] for r in rewrites) > 0 and not any(r["accepted"] for r in rewrites)
+    assert {r["category"] for r in rewrites} <= {"drops quantities", "not language", "off topic", "echoes prompt",
+                                                  "reveals answer", "too short", "unchanged"}
     # 2 of the 8 roots are held out (eval.heldout_fraction 0.2 of 8, rounded), in both rounds
     assert sql(store, "SELECT round, count(*) AS n FROM pool WHERE run_id = 'e2e' AND status = 'heldout' "
                       "GROUP BY 1 ORDER BY 1").to_pylist() == [{"round": 0, "n": 2}, {"round": 1, "n": 2}]
@@ -126,7 +137,7 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     assert tree["descendants"] and all(d["parent_id"] == pid for d in tree["descendants"])
     assert {d["prompt_id"]: d["status"] for d in tree["descendants"]} == {c["child_id"]: c["status"] for c in children}
     with pytest.raises(ValueError, match="differs in: rollout"):
-        curriculum(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="e2e", store=store.root))
+        curriculum(load_config(sets=[*SELF_TEACHER, "rollout.temperature=1.0"], run_id="e2e", store=store.root))
 
 
 # TINY plus six prompts with reference solutions: the shape stage turns those into SFT traces, so the tiny
