@@ -8,8 +8,15 @@
   flagged (`Verdict.timed_out`, counted by the collect and evaluate stages) and logged, and its worker is
   killed and replaced, so the next check starts on a fresh one;
 - `exact`: normalised string / numeric equality.
-The answer is taken from the last \\boxed{...} or <answer>...</answer>; outside strict mode, from "answer is
-X" or the last number. Model output is only ever parsed as text, never executed.
+The answer is taken from the final \\boxed{...} or <answer>...</answer>, whichever comes last; outside strict
+mode, when there is neither, from "answer is X" or the last number. Extraction choices:
+- a final box or answer tag that never closes (the generation was cut inside it) is no answer at all, in
+  either mode: not an earlier box (the model had moved on from it), and not the cut box's digits or the last
+  number (a prefix of the value being written: `\\boxed{4` may have been `\\boxed{42}`), so a cut-off
+  generation never earns a reward by chance;
+- the minus signs U+2212, U+FE63 and U+FF0D are read as "-" everywhere (the en dash is not: it marks ranges);
+- after "answer is", a full stop ends the answer only when no digit follows it, so "3.5." is 3.5.
+Model output is only ever parsed as text, never executed.
 """
 
 from __future__ import annotations
@@ -27,8 +34,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-_ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*\$?([^\n$]*?)\$?\s*(?:\.|$|\n)", re.IGNORECASE)
+_ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*\$?([^\n$]*?)\$?\s*(?:\.(?!\d)|$|\n)", re.IGNORECASE)
+_MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
 _NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 MAX_VERIFY_CHARS = 2_000  # longer extracted answers are wrong for our sources, and slow to parse
 MATH_VERIFY_TIMEOUT_S = 5.0
@@ -43,23 +50,47 @@ class Verdict:
     timed_out: bool = False  # the math-verify check overran its timeout (and scored 0)
 
 
-def last_boxed(text: str) -> str | None:
-    """Contents of the last \\boxed{...}, with nested braces balanced.
-
-    >>> last_boxed(r"so \\boxed{\\frac{1}{2}} and then \\boxed{42}")
-    '42'
-    """
+def _last_box(text: str) -> tuple[int, str | None]:
+    """(where the last \\boxed command starts, its contents with nested braces balanced), or (-1, None) when
+    there is none; contents None when the text ends before its brace group closes (a cut box). A \\boxed
+    followed by anything but a brace (another macro's name) is not a box."""
     start = text.rfind("\\boxed")
     while start != -1:
-        i = text.find("{", start)
-        if i != -1 and text[start + 6 : i].strip() == "":
+        after = start + len("\\boxed")
+        i = len(text) - len(text[after:].lstrip())  # the first non-space character after the command
+        if i == len(text):
+            return start, None  # cut right after "\\boxed"
+        if text[i] == "{":
             depth = 0
             for j in range(i, len(text)):
                 depth += {"{": 1, "}": -1}.get(text[j], 0)
                 if depth == 0:
-                    return text[i + 1 : j].strip()
+                    return start, text[i + 1 : j].strip()
+            return start, None  # cut inside the box
         start = text.rfind("\\boxed", 0, start)
-    return None
+    return -1, None
+
+
+def last_boxed(text: str) -> str | None:
+    """Contents of the last \\boxed{...}, with nested braces balanced; None when there is none or the last one
+    is cut (never an earlier box instead).
+
+    >>> last_boxed(r"so \\boxed{\\frac{1}{2}} and then \\boxed{42}")
+    '42'
+    >>> last_boxed(r"so \\boxed{41} and then \\boxed{4") is None
+    True
+    """
+    return _last_box(text)[1]
+
+
+def _last_answer_tag(text: str) -> tuple[int, str | None]:
+    """(where the last <answer> tag opens, its contents), as _last_box; contents None when it never closes."""
+    lower = text.lower()
+    start = lower.rfind("<answer>")
+    if start == -1:
+        return -1, None
+    end = lower.find("</answer>", start)
+    return start, (text[start + len("<answer>") : end].strip() if end != -1 else None)
 
 
 def extract_answer(text: str, strict: bool = False) -> str | None:
@@ -67,25 +98,27 @@ def extract_answer(text: str, strict: bool = False) -> str | None:
 
     >>> extract_answer("The answer is 4.")
     '4'
+    >>> extract_answer("The answer is \u22123.5.")
+    '-3.5'
     >>> extract_answer("7 * 8 = 56, so <answer>56</answer>")
     '56'
     >>> extract_answer("56", strict=True) is None
     True
+    >>> extract_answer(r"\\boxed{56}, or rather \\boxed{5") is None  # cut in its final box: no answer
+    True
     """
-    boxed = last_boxed(text)
-    tags = _ANSWER_TAG.findall(text)
-    if boxed is not None or tags:
-        # whichever appears last in the text wins
-        if boxed is not None and (not tags or text.rfind("\\boxed") > text.rfind("<answer>")):
-            return boxed
-        return tags[-1].strip()
+    text = text.translate(_MINUS_SIGNS)
+    box_at, boxed = _last_box(text)
+    tag_at, tagged = _last_answer_tag(text)
+    if box_at != -1 or tag_at != -1:
+        return boxed if box_at > tag_at else tagged  # whichever opens last is final; None if it was cut
     if strict:
         return None
     said = _ANSWER_IS.findall(text)
     if said and said[-1].strip():
         nums = _NUMBER.findall(said[-1])
         return nums[-1] if nums else said[-1].strip()
-    nums = _NUMBER.findall(text.replace("\u2212", "-"))
+    nums = _NUMBER.findall(text)
     if nums:
         return nums[-1]
     letter = re.fullmatch(r"\(?([A-J])\)?\.?", text.strip())  # a bare option letter, for multiple choice
@@ -93,7 +126,7 @@ def extract_answer(text: str, strict: bool = False) -> str | None:
 
 
 def _normalise(s: str) -> str:
-    s = s.strip().replace("\u2212", "-").strip("$ .").lower()
+    s = s.strip().translate(_MINUS_SIGNS).strip("$ .").lower()
     s = re.sub(r"^\\text\{(.*)\}$", r"\1", s)
     if _NUMBER.fullmatch(s) and "/" not in s:
         value = float(s.replace(",", ""))

@@ -32,9 +32,46 @@ def _rg(task, **params):
     (r"\boxed{12", True, None),  # unbalanced: malformed output is not an answer
     ("", False, None),
     ("result −4", False, "-4"),  # unicode minus
+    ("The answer is 3.5.", False, "3.5"),  # a decimal point is not the sentence's full stop
+    ("The answer is 3.5. Next we check it.", False, "3.5"),
+    ("The answer is 3. So 3.5 was wrong.", False, "3"),
+    ("The answer is \u22125.", False, "-5"),  # U+2212 after "answer is"
+    ("\\boxed{\u22125}", True, "-5"),  # and inside a box: every verifier gets an ASCII minus
+    ("<answer>\u22122.5</answer>", True, "-2.5"),
 ])
 def test_extract_answer(text, strict, expected):
     assert extract_answer(text, strict=strict) == expected
+
+
+@pytest.mark.parametrize("text", [
+    r"first \boxed{3}, then \boxed{4",         # cut inside the final box: 4 may be the start of 42
+    r"first \boxed{3}, then \boxed{\frac{1}{2",  # cut inside a nested group
+    r"first \boxed{3}, then \boxed",           # cut right after the command
+    r"first \boxed{3}, then \boxed{",
+    "<answer>3</answer> then <answer>4",       # a cut final answer tag is the same case
+    r"<answer>3</answer> then \boxed{4",
+])
+@pytest.mark.parametrize("strict", [True, False])
+def test_a_cut_final_box_is_no_answer(text, strict):
+    """A generation cut inside its final box or answer tag has no final answer: never an earlier box, and
+    outside strict mode not the cut box's digits either (a prefix of the answer it was writing)."""
+    assert extract_answer(text, strict=strict) is None
+
+
+def test_a_closed_box_after_a_cut_one_still_counts():
+    assert extract_answer(r"\boxed{4 oops, restart: \boxed{5}", strict=True) == "5"  # the final box is whole
+    assert extract_answer(r"<answer>3 then \boxed{5}", strict=True) == "5"
+    assert extract_answer(r"\boxed{3} and <answer>7</answer>", strict=True) == "7"
+
+
+def test_extraction_defects_change_the_verdict():
+    """The three extraction defects of issue 12, at the level of the reward they produced."""
+    assert verify("The answer is 3.5.", "3.5", "test", verifier="exact").correct
+    assert not verify("The answer is 3.5.", "3", "test", verifier="exact").correct
+    assert verify("The answer is \u22125.", "-5", "test", verifier="exact").correct
+    assert not verify("The answer is \u22125.", "5", "test", verifier="exact").correct
+    cut = verify(r"\boxed{56}? No, let me redo it: 7 * 8 = \boxed{5", "56", "test", verifier="exact")
+    assert (cut.reward, cut.correct, cut.extracted) == (0.0, False, None)
 
 
 def test_last_boxed_nested_braces():
