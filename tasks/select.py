@@ -4,10 +4,16 @@ with the remaining gap measured by EPS, plus the `uniform` and `dapo_filter` bas
 kmeans: embed the candidates; K = min(k_max, ceil(n/8)) clusters, warm-started from last round's centroids
 when they live in the same embedding space (tasks/embed.py: the embedder, and for `policy` the checkpoint;
 a new checkpoint's hidden states are another space, where old centroids mean nothing, so it starts afresh);
-u_c = mean EPS of members scored last round (members never scored count as the mean of the scored ones plus
-an exploration bonus); w_c = softmax(u_c / T_sel); the batch is split over clusters by w with largest-
-remainder rounding, capped at each cluster's size (the excess is re-split over clusters with room); inside
-a cluster, members are drawn without replacement with probability proportional to EPS + bonus.
+u_c = mean EPS of the scored members (members never scored count as the mean of the scored ones plus an
+exploration bonus); w_c = softmax(u_c / T_sel); the batch is split over clusters by w with largest-remainder
+rounding, capped at each cluster's size (the excess is re-split over clusters with room); inside a cluster,
+members are drawn without replacement with probability proportional to EPS + bonus.
+
+Choices: "never scored" means no earlier round of this run scored the prompt, and a scored prompt's EPS is its
+latest score (a prompt not selected last round keeps the EPS it had, rather than passing for new and taking
+the bonus again). With bonus = 0 (allowed), members valued 0 are drawn only once a cluster's positive-valued
+members are all taken, uniformly among themselves: the limit of bonus -> 0+, so an all-zero cluster (every
+group flat or solved) is drawn uniformly instead of dividing 0 by 0.
 """
 
 from __future__ import annotations
@@ -46,8 +52,8 @@ def kmeans(x: np.ndarray, k: int, init: np.ndarray | None = None, seed: int = 0,
 
 
 def cluster_utility(labels: np.ndarray, eps: np.ndarray, k: int, bonus: float) -> np.ndarray:
-    """u_c: mean EPS of scored members (eps is NaN where unscored), unscored members valued at the mean of
-    all scored prompts plus `bonus`."""
+    """u_c: mean EPS of scored members (eps is NaN where never scored), never-scored members valued at the mean
+    of all scored prompts plus `bonus`."""
     scored = ~np.isnan(eps)
     fill = (eps[scored].mean() if scored.any() else 0.0) + bonus
     value = np.where(scored, eps, fill)
@@ -92,6 +98,23 @@ def allocate(batch: int, weights: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return counts
 
 
+def draw_proportional(rng: np.random.Generator, members: np.ndarray, value: np.ndarray, size: int) -> np.ndarray:
+    """`size` members drawn without replacement with probability proportional to `value` (>= 0). Zero-valued
+    members come only after every positive one is drawn, uniformly among themselves: the limit of a tiny
+    positive value, and no 0/0 when a cluster is all zeros (bonus = 0 and every EPS 0).
+
+    >>> draw_proportional(np.random.default_rng(0), np.arange(4), np.array([0.0, 0.5, 0.0, 0.2]), 3)[:2].tolist()
+    [1, 3]
+    """
+    positive = members[value[members] > 0]
+    take = min(size, len(positive))
+    first = (rng.choice(positive, size=take, replace=False, p=value[positive] / value[positive].sum())
+             if take else np.array([], np.int64))
+    zero = members[~(value[members] > 0)]
+    rest = rng.choice(zero, size=size - take, replace=False) if size > take else np.array([], np.int64)
+    return np.concatenate([first, rest]).astype(np.int64)
+
+
 def select_kmeans(prompt_ids: list[str], x: np.ndarray, eps: np.ndarray, batch: int, k_max: int = 64,
                   temperature: float = 0.1, bonus: float = 0.1, init: np.ndarray | None = None,
                   seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -109,12 +132,10 @@ def select_kmeans(prompt_ids: list[str], x: np.ndarray, eps: np.ndarray, batch: 
     value = np.where(scored, eps, fill) + bonus  # + bonus keeps zero-EPS members reachable
     chosen, reasons = [], []
     for c in np.nonzero(quota)[0]:
-        members = np.nonzero(labels == c)[0]
-        p = value[members] / value[members].sum()
-        picks = rng.choice(members, size=quota[c], replace=False, p=p)
+        picks = draw_proportional(rng, np.nonzero(labels == c)[0], value, quota[c])
         chosen += picks.tolist()
         reasons += [f"kmeans: cluster {c} quota {quota[c]}/{sizes[c]}, "
-                    + (f"EPS {eps[i]:.3f}" if scored[i] else "unscored") for i in picks]
+                    + (f"EPS {eps[i]:.3f}" if scored[i] else "never scored") for i in picks]
     chosen_arr = np.asarray(chosen, dtype=np.int64)
     rows = pl.DataFrame({
         "prompt_id": [prompt_ids[i] for i in chosen],
@@ -171,9 +192,12 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
     statuses = ["active", "reserve"] if include_reserve else ["active"]
     this = (pl.col("run_id") == run_id) & (pl.col("round") == round)
     last = (pl.col("run_id") == run_id) & (pl.col("round") == round - 1)
+    earlier = (pl.col("run_id") == run_id) & (pl.col("round") < round)
     pool = scan(store, "pool").filter(this & pl.col("status").is_in(statuses)).select("prompt_id")
     texts = scan(store, "prompts").select("prompt_id", "text").unique("prompt_id")
-    scores = scan(store, "prompt_scores").filter(last).select("prompt_id", "eps", "std_reward")
+    # each prompt's latest score in this run; a prompt no earlier round scored has none (it is never scored)
+    scores = (scan(store, "prompt_scores").filter(earlier).sort("round", "policy_version")
+              .group_by("prompt_id").last().select("prompt_id", "eps", "std_reward"))
     cand = pool.join(texts, on="prompt_id").join(scores, on="prompt_id", how="left").sort("prompt_id").collect()
     if cand.height == 0:
         raise ValueError(f"run {run_id} round {round}: no candidate prompts to select from")
@@ -209,7 +233,7 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
     picked = np.isin(np.asarray(ids), sel["prompt_id"].to_numpy())
     scored = ~np.isnan(eps)
 
-    def mean_eps(mask: np.ndarray) -> float:  # over prompts scored last round; never-scored ones have no EPS
+    def mean_eps(mask: np.ndarray) -> float:  # over prompts scored in an earlier round; never-scored ones have none
         return sig4(float(eps[mask & scored].mean())) if (mask & scored).any() else 0.0
 
     return {"stage": "select", "round": round, "selector": cfg.selector, "candidates": len(ids),

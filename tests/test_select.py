@@ -82,6 +82,22 @@ def test_warm_start_keeps_centroids_stable():
     assert np.allclose(np.asarray(c2["vector"].to_list()), init, atol=1e-3)  # converged: warm start is a fixed point
 
 
+@pytest.mark.parametrize("eps", [
+    np.zeros(40),                                  # every group flat or solved: EPS 0 everywhere
+    np.full(40, np.nan),                           # round 0: nothing scored yet
+    np.where(np.arange(40) % 10 == 0, 0.3, 0.0),   # 4 prompts with a gap, far fewer than the batch
+])
+def test_bonus_zero_selects_a_full_batch(eps):
+    """select.bonus = 0 is allowed: a cluster whose members are all valued 0 is drawn uniformly, and members
+    with a positive value are all drawn before any zero-valued one (the limit of bonus -> 0+)."""
+    ids, x, _, _ = _pool(seed=4, clusters=4, per=10)
+    rows, cents = select_kmeans(ids, x, eps, batch=16, k_max=4, bonus=0.0, seed=5)
+    picked = [int(p[1:]) for p in rows["prompt_id"]]
+    assert len(set(picked)) == 16 and np.isfinite(cents["weight"].to_numpy()).all()
+    positive = set(np.nonzero(np.nan_to_num(eps) > 0)[0].tolist())
+    assert positive <= set(picked)
+
+
 def test_dapo_filter_drops_zero_variance_groups_and_refills():
     ids = [f"p{i}" for i in range(6)]
     std = np.array([0.0, 0.5, 0.0, 0.4, np.nan, np.nan])
@@ -175,3 +191,38 @@ def test_warm_start_is_keyed_to_the_embedding_space(store, tiny_backend):
     m1 = select_batch(store, "m", 1, minilm, new, include_reserve=False)  # a new checkpoint: MiniLM's space stays
     assert (m0["embedding_space"], m1["embedding_space"]) == ("minilm", "minilm")
     assert (m0["warm_start"], m1["warm_start"]) == (False, True)
+
+
+def _land_scores(store, run_id: str, round: int, eps: dict[str, float]) -> None:
+    import pyarrow as pa
+
+    n = len(eps)
+    store.commit("score", {"prompt_scores": pa.table({
+        "run_id": [run_id] * n, "round": pa.array([round] * n, pa.int32()),
+        "policy_version": pa.array([round] * n, pa.int32()), "prompt_id": list(eps), "n": pa.array([8] * n, pa.int32()),
+        "mean_reward": [0.5] * n, "std_reward": [0.5] * n, "eps": list(eps.values()),
+        "bucket": ["informative"] * n})}, run_id=run_id, round=round)
+
+
+def test_never_scored_means_never_in_this_run(store):
+    """At round 3 a prompt scored in round 0 only is scored (its EPS is round 0's), a prompt scored in rounds 0
+    and 2 is valued at its latest score, and only prompts no earlier round of this run scored get the bonus;
+    another run's scores, and the round's own, count for nothing."""
+    from flows.config import ModelConfig, SelectConfig
+    from storage.query import sql
+    from tasks.select import select_batch
+
+    _land_pool(store, "r", rounds=4, n=24)
+    ids = sorted(r["prompt_id"] for r in sql(store, "SELECT DISTINCT prompt_id FROM pool").to_pylist())
+    _land_scores(store, "r", 0, {ids[0]: 0.11, ids[1]: 0.12})
+    _land_scores(store, "r", 2, {ids[1]: 0.22, ids[2]: 0.23})
+    _land_scores(store, "other", 2, {ids[3]: 0.34})
+    _land_scores(store, "r", 3, {ids[4]: 0.45})  # the round being selected has not been scored: a stale row
+    cfg = SelectConfig(embedder="hashing", batch_size=24, k_max=3)  # the whole pool: every reason is shown
+    summary = select_batch(store, "r", 3, cfg, ModelConfig(policy="tiny-random"), include_reserve=False)
+    rows = sql(store, "SELECT prompt_id, reason FROM selections WHERE run_id = 'r' AND round = 3").to_pylist()
+    reasons = {r["prompt_id"]: r["reason"].split(", ")[-1] for r in rows}  # "kmeans: cluster c quota q/n, <value>"
+    assert [reasons[i] for i in ids[:5]] == ["EPS 0.110", "EPS 0.220", "EPS 0.230", "never scored", "never scored"]
+    assert summary["selected_unscored"] == 21
+    assert summary["mean_eps_pool"] == pytest.approx((0.11 + 0.22 + 0.23) / 3, abs=1e-4)  # rounded by sig4
+
