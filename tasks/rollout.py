@@ -36,7 +36,8 @@ def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, in
     else:
         statuses = ["active", "reserve"] if include_reserve else ["active"]
         ids = scan(store, "pool").filter(this & pl.col("status").is_in(statuses))
-    prompts = scan(store, "prompts").select("prompt_id", "text", "answer", "source", "meta").unique("prompt_id")
+    prompts = (scan(store, "prompts").select("prompt_id", "text", "answer", "source", "meta", "root_id")  # root_id:
+               .unique("prompt_id"))  # few-shot context keeps a prompt's own lineage out of its demonstrations
     return ids.select("prompt_id").unique().join(prompts, on="prompt_id", how="inner").sort("prompt_id").collect()
 
 
