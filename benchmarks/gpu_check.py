@@ -2,7 +2,7 @@
 
 Correctness, on the tiny random model (fp32 on the GPU):
 - keyed sampling: a prompt's samples are the same batched or alone;
-- `score_ids` agrees with the log-probs `generate_ids` reported;
+- `score_ids` agrees with the log-probs `generate_ids` reported, at T = 1 and at the sampling temperature 0.7;
 - GRPO learns a fixed token (its share of first tokens rises) and unlearns it with the reward flipped;
 - MCMC: batched and one-at-a-time chains make the same decisions.
 Speed, on a SmolLM2-135M-shaped model with random weights (speed does not depend on the values; the real
@@ -64,6 +64,11 @@ def check_correctness(tiny: str) -> dict:
     scored = b.score_ids([p for p, _ in flat], [c.token_ids for _, c in flat])
     out["score_vs_generate_max_abs_diff"] = max(abs(a - x) for (_, c), sc in zip(flat, scored)
                                                 for a, x in zip(c.logprobs, sc))
+    warm = b.generate_ids(ids, 2, Sampling(0.7, 1.0, 12, 0))  # log-probs at T = 0.7 (models/backend.py)
+    flat = [(ids[i], c) for i, g in enumerate(warm) for c in g if c.token_ids]
+    scored = b.score_ids([p for p, _ in flat], [c.token_ids for _, c in flat], temperature=0.7)
+    out["score_vs_generate_max_abs_diff_t07"] = max(abs(a - x) for (_, c), sc in zip(flat, scored)
+                                                    for a, x in zip(c.logprobs, sc))
 
     from transformers import AutoModelForCausalLM
 
@@ -87,7 +92,7 @@ def check_correctness(tiny: str) -> dict:
                 adv = group_advantages([float(x == sign) for x in h])
                 if adv is not None:
                     seqs += [Sequence(p, c.token_ids, a) for c, a in zip(g, adv) if c.token_ids]
-            train_round(b.model, ref, seqs, [], cfg, b.pad_id, DEV, "fp32", seed=it)
+            train_round(b.model, ref, seqs, [], cfg, b.pad_id, DEV, "fp32", seed=it, temperature=0.3)
         out["grpo_fixed_token_share_" + ("rewarded" if sign else "penalised")] = shares
 
     b = TransformersBackend(tiny, device=DEV, dtype="fp32", batch_size=64)
@@ -199,7 +204,7 @@ def check_speed(config_dir: str, tiny: str) -> dict:
         m = copy.deepcopy(base)
         sync()
         t0 = time.perf_counter()
-        rows = train_round(m, ref, seqs, [], cfg, b.pad_id, DEV, "bf16", seed=rep)
+        rows = train_round(m, ref, seqs, [], cfg, b.pad_id, DEV, "bf16", seed=rep, temperature=0.7)
         sync()
         round_times.append(time.perf_counter() - t0)
         step_times.append(rows[0]["seconds"])

@@ -1,9 +1,24 @@
 """The model backend protocol every policy, teacher and test model implements.
 
 `generate` returns, for each prompt, n completions with their token ids, the per-token log-probabilities of
-the sampled tokens under the *unmodified* model distribution (temperature 1, no top-p: what the trainer's
-importance ratios need), and a finish reason. `score` returns per-token log-probabilities of given
-completions. Prompts are fully rendered text (chat template already applied; see `render`).
+the sampled tokens, and a finish reason. `score` returns per-token log-probabilities of given completions
+under the unmodified model (temperature 1). Prompts are fully rendered text (chat template already applied;
+see `render`).
+
+Which distribution a log-prob describes:
+- `generate`'s log-probs describe the distribution the tokens were drawn from: log_softmax(logits / T) at the
+  sampling temperature T, as verl and TRL compute them, so they agree with what the trainer recomputes for
+  its importance ratio, its KL and LoPE's behaviour ratio (tasks/grpo.py), and the `mean_logprob` stored in
+  `rollouts` is on the same scale.
+- Top-p is *not* applied to them (the nucleus is not renormalised): the trainer, like verl's and TRL's,
+  cannot reproduce the sampler's nucleus per position, and the default top_p is 1, where the two agree
+  exactly. With top_p < 1 a sampled token's log-prob understates the truncated distribution's by
+  log(nucleus mass) at that position.
+- Temperature 0 (greedy) is a point mass, whose log-probs (0 for the chosen token) carry no information;
+  it is defined to mean the unmodified model (T = 1), as vLLM's processed log-probs do for greedy rows.
+  `logprob_temperature` is that rule, in one place.
+- `score` stays at T = 1: its callers mean the model itself (MCMC's target pi_ref in shaping, the rewrite
+  gate's fluency log-prob), not a sampling distribution.
 """
 
 from __future__ import annotations
@@ -26,6 +41,18 @@ class Sampling:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def logprob_temperature(temperature: float) -> float:
+    """The temperature that log-probs of samples drawn at `temperature` are computed at: T itself, and 1 for
+    greedy decoding (T = 0), which would otherwise divide the logits by zero.
+
+    >>> logprob_temperature(0.7), logprob_temperature(0.0)
+    (0.7, 1.0)
+    """
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    return temperature if temperature > 0 else 1.0
 
 
 @dataclass

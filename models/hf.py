@@ -9,6 +9,9 @@ batch to its longest prompt. Here
 - bf16 autocast where the device computes bf16 natively (dtype="auto"), or when asked ("bf16");
 - `score` runs the decoder once and applies the 49k-wide output layer in chunks, so logits never
   materialise for a whole batch at once.
+Log-probs (models/backend.py): `generate` reports log_softmax(logits / T) of each sampled token at the
+sampling temperature (T = 1 for greedy, top-p not applied), the distribution the trainer's ratios need;
+`score`/`score_ids` default to the unmodified model (T = 1), and `score_ids(temperature=T)` scores at T.
 Sampling is reproducible for a fixed seed, inputs and batch size (one torch.Generator per call).
 """
 
@@ -20,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from models.backend import Completion, Sampling
+from models.backend import Completion, Sampling, logprob_temperature
 
 
 def native_bf16(device: str) -> bool:
@@ -99,6 +102,7 @@ class TransformersBackend:
         finish: dict[tuple[int, int], str] = {}
         run = _Batch()
         eos = torch.tensor(self.eos_ids)
+        lp_temperature = logprob_temperature(sampling.temperature)  # the distribution the tokens are drawn from
         admit_at = max(n, (self.batch_size // 4) // n * n)  # prefill several prompts at once, not one by one
         while queue or run.size:
             free = self.batch_size - run.size
@@ -106,7 +110,7 @@ class TransformersBackend:
                 take = max(1, free // n)
                 batch, queue = queue[:take], queue[take:]
                 run.merge(self._prefill([ids[i] for i in batch], n), [(i, j) for i in batch for j in range(n)])
-            logp = F.log_softmax(run.logits, dim=-1)
+            logp = F.log_softmax(run.logits / lp_temperature, dim=-1)
             if row_seeds is None:
                 tok = self._sample(run.logits, sampling, gen)
             else:
@@ -179,23 +183,27 @@ class TransformersBackend:
 
     # ---- scoring -------------------------------------------------------------------------------------------
     def score(self, prompts: list[str], completions: list[str]) -> list[list[float]]:
+        """Per-token log-probs under the unmodified model (T = 1): the gate's fluency and MCMC's pi_ref."""
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
         return self.score_ids(self.encode(prompts), self.encode(completions))
 
     @torch.no_grad()
-    def score_ids(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[list[float]]:
-        """Per-token log-probs of each completion given its prompt (full-precision output layer)."""
+    def score_ids(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                  temperature: float = 1.0) -> list[list[float]]:
+        """Per-token log-probs of each completion given its prompt (full-precision output layer), at
+        `temperature` (the default 1 is the unmodified model; 0 means 1, as for greedy samples)."""
+        temperature = logprob_temperature(temperature)
         out: list[list[float]] = [[] for _ in prompt_ids]
         order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
             for i, lp in zip(chunk, self._score_batch([prompt_ids[i] for i in chunk],
-                                                      [completion_ids[i] for i in chunk])):
+                                                      [completion_ids[i] for i in chunk], temperature)):
                 out[i] = lp
         return out
 
-    def _score_batch(self, prompts: list[list[int]], comps: list[list[int]]) -> list[list[float]]:
+    def _score_batch(self, prompts: list[list[int]], comps: list[list[int]], temperature: float) -> list[list[float]]:
         seqs = [p + c for p, c in zip(prompts, comps)]
         width = max(len(s) for s in seqs)
         ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
@@ -217,7 +225,7 @@ class TransformersBackend:
         for k in range(0, len(rows), self.score_chunk_tokens):
             h = hidden[rows_t[k : k + self.score_chunk_tokens], cols_t[k : k + self.score_chunk_tokens]].float()
             logits = head(h).float() if head.weight.dtype == torch.float32 else head(h.to(head.weight.dtype)).float()
-            flat.append(F.log_softmax(logits, -1).gather(1, tgt[k : k + self.score_chunk_tokens, None].to(logits.device))[:, 0])
+            flat.append(F.log_softmax(logits / temperature, -1).gather(1, tgt[k : k + self.score_chunk_tokens, None].to(logits.device))[:, 0])
         flat_t = torch.cat(flat).cpu().tolist() if flat else []
         out, at = [], 0
         for c in comps:

@@ -27,8 +27,9 @@ Method, and its choices:
   (`generate_ids(row_seeds=...)`, MCMC shaping) each row draws its own u. At temperature 0 every sample
   takes the modal outcome (solved iff r >= 1/2); other temperatures and top_p do not change r.
 - Token ids are the model tokenizer's encoding of the scripted text, cut at `max_new_tokens` (then
-  finish_reason "length"); log-probs are that model's scores of those tokens given the prompt
-  (`score_ids`), i.e. what the trainer's importance ratios need. Rendering, `score`, `encode`, `tokenizer`,
+  finish_reason "length"); log-probs are that model's scores of those tokens given the prompt at the
+  sampling temperature (`score_ids(temperature=T)`, T = 1 for greedy), as the transformers backend reports
+  them, i.e. what the trainer's importance ratios need. Rendering, `score`, `encode`, `tokenizer`,
   `model` and `eos_ids` are the wrapped transformers backend's own, so shaping, the `policy` embedder and
   the train stage (which loads the checkpoint folder itself) work unchanged, and the checkpoint it writes
   loads as a scripted backend again in the next round.
@@ -254,7 +255,7 @@ class ScriptedBackend(TransformersBackend):
             raise ValueError(f"n must be >= 1, got {n}")
         texts = [[script(p, j, n, sampling.seed, sampling.temperature, self.policy_version)[0] for j in range(n)]
                  for p in prompts]
-        return self._completions(self.encode(prompts), texts, sampling.max_new_tokens, progress)
+        return self._completions(self.encode(prompts), texts, sampling, progress)
 
     def generate_ids(self, ids: list[list[int]], n: int, sampling: Sampling,
                      progress: Callable[[int], None] | None = None,
@@ -269,14 +270,16 @@ class ScriptedBackend(TransformersBackend):
         seeds = row_seeds if row_seeds is not None else [sampling.seed] * len(ids)
         texts = [[script(p, j, n, s, sampling.temperature, self.policy_version)[0] for j in range(n)]
                  for p, s in zip(prompts, seeds)]
-        return self._completions(ids, texts, sampling.max_new_tokens, progress)
+        return self._completions(ids, texts, sampling, progress)
 
-    def _completions(self, prompt_ids: list[list[int]], texts: list[list[str]], max_new_tokens: int,
+    def _completions(self, prompt_ids: list[list[int]], texts: list[list[str]], sampling: Sampling,
                      progress: Callable[[int], None] | None) -> list[list[Completion]]:
+        max_new_tokens = sampling.max_new_tokens
         full = [self.encode(group) if group else [] for group in texts]
         flat_p = [p for p, group in zip(prompt_ids, full) for _ in group]
         flat_c = [c[:max_new_tokens] for group in full for c in group]
-        scored = iter(self.score_ids(flat_p, flat_c) if flat_c else [])
+        # at the sampling temperature, as the transformers backend's generate reports them (models/backend.py)
+        scored = iter(self.score_ids(flat_p, flat_c, temperature=sampling.temperature) if flat_c else [])
         out = []
         for group in full:
             row = []

@@ -1,7 +1,12 @@
 """vLLM backend (the `gpu` extra): the same protocol as the transformers backend, on CUDA.
 
-Log-probs are requested as raw (unprocessed) log-probabilities of the sampled tokens, matching the
-transformers backend. vLLM does not reliably free GPU memory inside a long-lived process, so at scale the
+Log-probs of the sampled tokens are vLLM's processed log-probs (`logprobs_mode="processed_logprobs"`): after
+the temperature, so log_softmax(logits / T) as the transformers backend and the trainer compute them, and at
+T = 0 the unmodified model's (vLLM skips the temperature for greedy rows), matching models/backend.py. One
+difference: vLLM applies top-p before it takes them, so with top_p < 1 they are renormalised over the
+nucleus, above the transformers backend's by log(nucleus mass). The trainer recomputes its own log-probs,
+so only the stored `mean_logprob` is affected; the default top_p is 1, where they agree. `score` asks for
+prompt log-probs at temperature 1 (the unmodified model). vLLM does not reliably free GPU memory inside a long-lived process, so at scale the
 collect stage should run in its own process.
 """
 
@@ -27,7 +32,7 @@ class VLLMBackend:
         self.name = f"vllm:{model_path}"
         self._vllm = vllm
         self.llm = vllm.LLM(model=model_path, dtype="bfloat16" if dtype in ("auto", "bf16") else "float32",
-                            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="raw_logprobs")
+                            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs")
         self.tokenizer = self.llm.get_tokenizer()
 
     def render(self, messages: list[dict]) -> str:

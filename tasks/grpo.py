@@ -1,6 +1,14 @@
 """GRPO (ALGORITHMS.md §6) on plain torch: the loss, advantages and one training pass. No store, no Prefect,
 so a worker that only has torch and transformers (a GPU box, a torchrun rank) can import it; the train stage
 (tasks/train.py) feeds it from the store. See tasks/train.py for the method's summary.
+
+Temperature: every log-prob that stands for the sampling distribution (the new and the recomputed old
+policy's in the ratio, the reference's in the KL, the behaviour prompt's in LoPE's ratio, and the entropy
+reported) is log_softmax(logits / T) at the temperature the rollouts were sampled at, as verl and TRL
+compute it (T = 0, greedy, means 1: models.backend.logprob_temperature). `train_round` takes T as a required
+keyword, so no caller trains at T = 1 on samples drawn at 0.7 by default. The SFT term on shaped traces stays
+at T = 1: it is plain maximum likelihood of traces that MCMC made likely under pi_ref at T = 1, not a
+ratio against a sampling distribution.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from models.backend import logprob_temperature
 from models.hf import _autocast
 from tasks.lope import RATIO_FLOOR
 
@@ -49,10 +58,12 @@ def group_advantages(rewards: list[float], scale_std: bool = True, eps: float = 
 
 
 def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
-                        device: str = "cpu", dtype: str = "fp32", entropy: bool = False):
-    """Per-token log-probs of each completion given its prompt, right-padded to [B, T], with the mask
-    (and, with `entropy`, each position's full-distribution entropy, without gradient). The output layer
-    runs only on completion positions, so [B, L, vocab] logits never exist."""
+                        device: str = "cpu", dtype: str = "fp32", entropy: bool = False, temperature: float = 1.0):
+    """Per-token log-probs of each completion given its prompt, log_softmax(logits / temperature) gathered,
+    right-padded to [B, T], with the mask (and, with `entropy`, each position's entropy of that same
+    distribution, without gradient). Temperature 0 means 1 (greedy samples; no division by zero). The output
+    layer runs only on completion positions, so [B, L, vocab] logits never exist."""
+    temperature = logprob_temperature(temperature)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     decoder, head = base.get_decoder(), base.get_output_embeddings()
     seqs = [p + c for p, c in zip(prompts, completions)]
@@ -73,7 +84,7 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
         hidden = decoder(input_ids=ids.to(device), attention_mask=attn.to(device)).last_hidden_state
     h = hidden.gather(1, pos.to(device)[..., None].expand(-1, -1, hidden.shape[-1]))
     logits = head(h.to(head.weight.dtype)).float()
-    logp_all = F.log_softmax(logits, -1)
+    logp_all = F.log_softmax(logits / temperature, -1)
     logp = logp_all.gather(2, tgt.to(device)[..., None])[..., 0]
     ent = None
     if entropy:
@@ -131,20 +142,24 @@ def micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[li
 
 
 @torch.no_grad()
-def _logprobs(model, prompts, comps, pad_id, device, dtype, micro: int, max_tokens: int) -> list[torch.Tensor]:
+def _logprobs(model, prompts, comps, pad_id, device, dtype, micro: int, max_tokens: int,
+              temperature: float) -> list[torch.Tensor]:
     out: list[torch.Tensor | None] = [None] * len(prompts)
     for idx in micro_batches([len(p) + len(c) for p, c in zip(prompts, comps)], micro, max_tokens):
         lp, mask, _ = completion_logprobs(model, [prompts[i] for i in idx], [comps[i] for i in idx], pad_id, device,
-                                          dtype)
+                                          dtype, temperature=temperature)
         for r, i in enumerate(idx):
             out[i] = lp[r, : int(mask[r].sum())].cpu()
     return out
 
 
 def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg: Any, pad_id: int,
-                device: str = "cpu", dtype: str = "fp32", seed: int = 0, on_step=None) -> list[dict]:
+                device: str = "cpu", dtype: str = "fp32", seed: int = 0, on_step=None, *,
+                temperature: float) -> list[dict]:
     """One pass of GRPO (+ SFT) over `seqs` (and `sft`), `cfg.rows_per_step` sequences per optimizer step.
-    Returns a stats row per step. The model is updated in place."""
+    `temperature` is the one `seqs` were sampled at: the ratio, KL, LoPE ratio and entropy use
+    log_softmax(logits / temperature). Returns a stats row per step. The model is updated in place."""
+    logprob_temperature(temperature)  # a bad temperature fails here, before any forward pass
     if not seqs and not (sft and cfg.sft_weight > 0):
         return []
     torch.manual_seed(seed)
@@ -153,9 +168,9 @@ def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg
     max_tokens = getattr(cfg, "micro_tokens", 1 << 30)
     model.eval()
     old = _logprobs(model, [s.behaviour_ids or s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
-                    pad_id, device, dtype, micro, max_tokens)
+                    pad_id, device, dtype, micro, max_tokens, temperature)
     ref = (_logprobs(ref_model, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs], pad_id, device,
-                     dtype, micro, max_tokens) if ref_model is not None and cfg.kl_coef > 0 else None)
+                     dtype, micro, max_tokens, temperature) if ref_model is not None and cfg.kl_coef > 0 else None)
     order = list(range(len(seqs)))
     rng.shuffle(order)
     n_steps = max(1, -(-len(seqs) // cfg.rows_per_step))
@@ -177,7 +192,8 @@ def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg
             idx = [chunk[j] for j in part]
             batch = [seqs[i] for i in idx]
             logp, mask, ent = completion_logprobs(model, [s.prompt_ids for s in batch],
-                                                  [s.completion_ids for s in batch], pad_id, device, dtype, True)
+                                                  [s.completion_ids for s in batch], pad_id, device, dtype, True,
+                                                  temperature)
             t = logp.shape[1]
             terms = grpo_token_terms(
                 logp, _pad([old[i] for i in idx], t, device), _pad([ref[i] for i in idx], t, device) if ref else None,
@@ -195,6 +211,7 @@ def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg
             for part in micro_batches([len(sft[i].prompt_ids) + len(sft[i].completion_ids) for i in sft_chunk],
                                       micro, max_tokens):
                 batch = [sft[sft_chunk[j]] for j in part]
+                # T = 1 on purpose: maximum likelihood of the shaped traces (see the module docstring)
                 logp, mask, _ = completion_logprobs(model, [s.prompt_ids for s in batch],
                                                     [s.completion_ids for s in batch], pad_id, device, dtype)
                 part = -(logp * mask).sum()

@@ -8,6 +8,9 @@
   under that prompt, and their ratio is shaped rho / (rho + 0.1) instead of clipped.
 - Old log-probs are recomputed with the training model before the first update, so differences between the
   sampling backend and the trainer do not bias the ratio.
+- Every log-prob that describes the sampling distribution (new and old policy, the KL reference, LoPE's
+  behaviour prompt, the entropy) is log_softmax(logits / T) at the rollouts' temperature `rollout.temperature`
+  (T = 0 means 1), as verl and TRL compute it; the SFT term on shaped traces is plain likelihood at T = 1.
 - KL to the frozen starting model (policy version 0), k3 estimator exp(ref - logp) - (ref - logp) - 1,
   clamped at 10 per token as verl does, coefficient `kl_coef` (0 switches it off and skips the reference forward).
 - L = L_grpo + lambda_sft * NLL(shaped traces), the NLL averaged over the traces' tokens.
@@ -121,7 +124,7 @@ def train(store: Store, run_id: str, round: int, policy_version: int, policy: st
             fault_point("train:mid")  # test hook: a fault test kills the process here, mid-training
 
         steps = train_round(model, ref_model, seqs, sft, cfg, pad_id, device, model_cfg.dtype,
-                            seed=cfg.seed * 1000 + round, on_step=on_step)
+                            seed=cfg.seed * 1000 + round, on_step=on_step, temperature=rollout_cfg.temperature)
     seconds = time.perf_counter() - t0
     version = policy_version + 1
     saved = str(save_checkpoint(model, tokenizer, store, run_id, version)) if steps else path

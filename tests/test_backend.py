@@ -94,3 +94,89 @@ def test_bad_sampling_parameters_are_named():
         Sampling(top_p=0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         Sampling(max_new_tokens=0)
+
+
+def _direct(b, prompt: str, token_ids: list[int], temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) of one full forward pass, gathered at the sampled tokens."""
+    ids = b.encode([prompt])[0] + token_ids
+    with torch.no_grad():
+        logits = b.model(input_ids=torch.tensor([ids])).logits[0].float()
+    start = len(ids) - len(token_ids)
+    logp = F.log_softmax(logits / temperature, -1)
+    return logp[start - 1 : len(ids) - 1].gather(1, torch.tensor(token_ids)[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("temperature,top_p,direct_t", [(0.7, 1.0, 0.7), (0.7, 0.9, 0.7), (0.0, 1.0, 1.0)])
+def test_generated_logprobs_describe_the_sampling_distribution(tiny_backend, temperature, top_p, direct_t):
+    """What `generate` returns (and the collect stage stores in `rollouts`) is log_softmax(logits / T) of the
+    sampled tokens: the distribution they were drawn from, before top-p truncation (as the trainer recomputes
+    it), and the unmodified model's at T = 0 (greedy). They agree with the trainer's own log-probs at the same
+    T (tasks.grpo.completion_logprobs) and with `score_ids(temperature=T)`."""
+    from tasks.grpo import completion_logprobs
+
+    b = tiny_backend
+    prompts = _render(b, PROMPTS)
+    out = b.generate(prompts, 2, Sampling(temperature=temperature, top_p=top_p, max_new_tokens=10, seed=5))
+    flat = [(p, c) for p, g in zip(prompts, out) for c in g if c.token_ids]
+    p_ids = [b.encode([p])[0] for p, _ in flat]
+    trainer, _, _ = completion_logprobs(b.model, p_ids, [c.token_ids for _, c in flat], b.pad_id,
+                                        temperature=temperature)
+    scored = b.score_ids(p_ids, [c.token_ids for _, c in flat], temperature=temperature)
+    for r, (p, c) in enumerate(flat):
+        stored = torch.tensor(c.logprobs)
+        assert torch.allclose(stored, _direct(b, p, c.token_ids, direct_t), atol=1e-4)
+        assert torch.allclose(stored, trainer[r, : len(c.token_ids)], atol=1e-4)
+        assert torch.allclose(stored, torch.tensor(scored[r]), atol=1e-4)
+    if temperature:
+        at_1 = torch.cat([_direct(b, p, c.token_ids, 1.0) for p, c in flat])
+        assert (torch.cat([torch.tensor(c.logprobs) for _, c in flat]) - at_1).abs().max() > 0.01
+
+
+def test_score_is_the_unmodified_model_unless_a_temperature_is_given(tiny_backend):
+    """`score` (the gate's fluency, MCMC's target pi_ref) stays at T = 1; `score_ids(temperature=T)` scales."""
+    b = tiny_backend
+    p, c = _render(b, PROMPTS[:1]), ["The answer is 5."]
+    (at_1,) = b.score(p, c)
+    assert torch.allclose(torch.tensor(at_1), _direct(b, p[0], b.encode(c)[0], 1.0), atol=1e-4)
+    (at_05,) = b.score_ids(b.encode(p), b.encode(c), temperature=0.5)
+    assert torch.allclose(torch.tensor(at_05), _direct(b, p[0], b.encode(c)[0], 0.5), atol=1e-4)
+    with pytest.raises(ValueError, match="temperature"):
+        b.score_ids(b.encode(p), b.encode(c), temperature=-1.0)
+
+
+def test_scripted_logprobs_follow_the_sampling_temperature(tiny_backend):
+    """The scripted policy's completions carry the wrapped model's log-probs at the sampling temperature, as
+    the transformers backend's do."""
+    from models.registry import resolve
+    from models.scripted import ScriptedBackend
+
+    b = ScriptedBackend(resolve("tiny-random"), dtype="fp32", batch_size=16, model=tiny_backend.model,
+                        tokenizer=tiny_backend.tokenizer)
+    prompts = _render(b, ["What is 7 * 8?"])
+    (group,) = b.generate(prompts, 2, Sampling(temperature=0.6, max_new_tokens=32, seed=1))
+    for c in group:
+        assert torch.allclose(torch.tensor(c.logprobs), _direct(b, prompts[0], c.token_ids, 0.6), atol=1e-4)
+
+
+def test_lope_behaviour_logprob_is_the_trainers_at_the_sampling_temperature(tiny_backend):
+    """A LoPE replacement stores its behaviour mean log-prob (the generate call's, under the perturbed prompt);
+    it equals the trainer's mean log-prob of the same tokens under the recorded behaviour prompt at the round's
+    temperature, so the behaviour ratio's two sides describe the same distribution."""
+    import json
+
+    from tasks.grpo import completion_logprobs
+    from tasks.lope import lope_rescue
+
+    b = tiny_backend
+    messages = [[{"role": "user", "content": "What is 7 * 8?"}]]
+    groups = b.generate([b.render(messages[0])], 4, Sampling(0.7, 1.0, 8, seed=2))
+    augmentation = [[None] * 4]
+    stats = lope_rescue(b, messages, [[False] * 4], groups, augmentation, Sampling(0.7, 1.0, 8, seed=2),
+                        verify_one=lambda i, text: (1.0, True), n_prefixes=2, per_prefix=2)
+    assert stats.replaced == 3
+    for slot in (1, 2, 3):
+        c = groups[0][slot]
+        lope = json.loads(augmentation[0][slot])["lorem_perturb"]
+        behaviour = b.encode([lope["behaviour_prompt"]])[0]
+        lp, _, _ = completion_logprobs(b.model, [behaviour], [c.token_ids], b.pad_id, temperature=0.7)
+        assert lope["behaviour_mean_logprob"] == pytest.approx(float(lp[0].detach().mean()), abs=1e-4)

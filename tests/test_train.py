@@ -81,7 +81,7 @@ def _learn(target_rewarded: bool, rounds: int = 2) -> list[float]:
             adv = group_advantages([float(x == target_rewarded) for x in h])
             if adv is not None:
                 seqs += [Sequence(p, c.token_ids, a) for c, a in zip(g, adv) if c.token_ids]
-        rows = train_round(backend.model, ref, seqs, [], CFG, backend.pad_id, seed=it)
+        rows = train_round(backend.model, ref, seqs, [], CFG, backend.pad_id, seed=it, temperature=0.3)
         assert len(rows) == -(-len(seqs) // CFG.rows_per_step)  # all groups constant: nothing to train, no step
         assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
     return shares
@@ -204,3 +204,96 @@ def test_k3_kl_is_clamped_at_10():
     t = grpo_token_terms(logp, logp.detach(), torch.tensor([[0.0]]), torch.tensor([0.0]), torch.ones(1, 1),
                          torch.tensor([False]), kl_coef=1.0)
     assert float(t["kl"]) == 10.0  # unclamped: exp(20) - 21 ~ 4.9e8
+
+
+# ---- log-probs at the sampling temperature (issue 12 item 3) ---------------------------------------------
+def _direct_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) of a full forward pass, gathered at the completion's tokens: the reference the
+    trainer's log-probs are checked against."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, -1)
+    return logp[len(prompt) - 1 : len(prompt) + len(completion) - 1].gather(1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def _direct_entropy(model, prompt: list[int], completion: list[int], temperature: float) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float()
+    logp = torch.log_softmax(logits / temperature, -1)[len(prompt) - 1 : len(prompt) + len(completion) - 1]
+    return -(logp.exp() * logp).sum(-1)
+
+
+def test_completion_logprobs_divide_the_logits_by_the_sampling_temperature(tiny_backend):
+    """The trainer's per-token log-probs at T = 0.7 equal log_softmax(logits / 0.7) gathered, from a plain full
+    forward pass; at T = 0 (greedy) they are defined as the unmodified model's (T = 1), never a division by 0."""
+    from tasks.grpo import completion_logprobs
+
+    b = tiny_backend
+    prompts = b.encode([b.render([{"role": "user", "content": q}]) for q in ("What is 2 + 3?", "Hi")])
+    comps = b.encode(["The answer is 5.", "Hello there, how are you?"])
+    for temperature, direct_t in ((0.7, 0.7), (1.3, 1.3), (0.0, 1.0)):
+        lp, mask, _ = completion_logprobs(b.model, prompts, comps, b.pad_id, temperature=temperature)
+        for r, (p, c) in enumerate(zip(prompts, comps)):
+            direct = _direct_logprobs(b.model, p, c, direct_t)
+            assert int(mask[r].sum()) == len(c)
+            assert torch.allclose(lp[r, : len(c)], direct, atol=1e-5), temperature
+    at_1 = completion_logprobs(b.model, prompts, comps, b.pad_id, temperature=1.0)[0]
+    at_07 = completion_logprobs(b.model, prompts, comps, b.pad_id, temperature=0.7)[0]
+    assert (at_1 - at_07).abs().max() > 0.01  # the temperature makes a difference the check above can see
+    with pytest.raises(ValueError, match="temperature"):
+        completion_logprobs(b.model, prompts, comps, b.pad_id, temperature=-0.5)
+
+
+def test_first_step_ratio_kl_and_entropy_use_the_sampling_temperature(tiny_backend):
+    """One GRPO step at T = 0.7 on a group of four rollouts, one of them LoPE-replaced (sampled under a Lorem
+    prefix). Before the update, the new log-probs equal the recomputed old ones, so plain rows have rho = 1 and
+    contribute -A per token; the LoPE row has rho = exp(logp(plain prompt) - logp(behaviour prompt)), shaped
+    rho / (rho + 0.1). The step's pg loss, k3 KL against a perturbed reference, and entropy all match a direct
+    computation at T = 0.7, and differ from the one at T = 1."""
+    import copy
+
+    b = tiny_backend
+    model = copy.deepcopy(b.model)
+    ref = copy.deepcopy(b.model).eval()
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(0)
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    plain = b.encode([b.render([{"role": "user", "content": "What is 7 * 8?"}])])[0]
+    lorem = b.encode([b.render([{"role": "system", "content": "Lorem ipsum dolor sit amet, consectetur."},
+                                {"role": "user", "content": "What is 7 * 8?"}])])[0]
+    comps = b.encode(["It is 54.", "Maybe 55", "7 * 8 = 56, so \\boxed{56}", "The answer is \\boxed{56}."])
+    adv = group_advantages([0.0, 0.0, 1.0, 1.0])
+    seqs = [Sequence(plain, c, a, lorem if j == 3 else None) for j, (c, a) in enumerate(zip(comps, adv))]
+    cfg = SimpleNamespace(**{**vars(CFG), "rows_per_step": 8, "kl_coef": 0.05})
+    t = 0.7
+
+    def expected(temperature):
+        pg = kl = ent = 0.0
+        for s in seqs:
+            new = _direct_logprobs(b.model, s.prompt_ids, s.completion_ids, temperature)
+            if s.behaviour_ids is not None:
+                rho = torch.exp(new - _direct_logprobs(b.model, s.behaviour_ids, s.completion_ids, temperature))
+                pg += float((-(rho / (rho + 0.1)) * s.advantage).sum())
+            else:
+                pg += -s.advantage * len(s.completion_ids)
+            d = _direct_logprobs(ref, s.prompt_ids, s.completion_ids, temperature) - new
+            kl += float(torch.clamp(torch.exp(d) - d - 1, max=10.0).sum())
+            ent += float(_direct_entropy(b.model, s.prompt_ids, s.completion_ids, temperature).sum())
+        n = sum(len(c) for c in comps)
+        return pg / n, kl / n, ent / n
+
+    (row,) = train_round(model, ref, seqs, [], cfg, b.pad_id, seed=0, temperature=t)
+    pg, kl, ent = expected(t)
+    assert row["pg_loss"] == pytest.approx(pg, abs=1e-5)
+    assert row["kl"] == pytest.approx(kl, rel=1e-4)
+    assert row["entropy"] == pytest.approx(ent, rel=1e-5)
+    assert row["loss"] == pytest.approx(pg + cfg.kl_coef * kl, abs=1e-5)
+    pg1, kl1, ent1 = expected(1.0)  # the check can tell the two temperatures apart
+    assert abs(pg1 - pg) > 1e-3 and abs(kl1 - kl) > 1e-3 * kl and abs(ent1 - ent) > 1e-2
+
+
+def test_train_round_requires_the_sampling_temperature(tiny_backend):
+    """No silent default: every caller states the temperature its rollouts were sampled at."""
+    with pytest.raises(TypeError, match="temperature"):
+        train_round(tiny_backend.model, None, [Sequence([1, 2], [3], 1.0)], [], CFG, tiny_backend.pad_id)
