@@ -297,3 +297,35 @@ def test_train_round_requires_the_sampling_temperature(tiny_backend):
     """No silent default: every caller states the temperature its rollouts were sampled at."""
     with pytest.raises(TypeError, match="temperature"):
         train_round(tiny_backend.model, None, [Sequence([1, 2], [3], 1.0)], [], CFG, tiny_backend.pad_id)
+
+
+def test_train_stage_trains_at_the_rollout_temperature(store, tiny_backend):
+    """The stage hands `rollout.temperature` to the trainer: with one optimizer step, the recorded entropy is the
+    base model's mean entropy of softmax(logits / 0.5) over the trained tokens (and not that at T = 1)."""
+    import polars as pl
+    import pyarrow as pa
+    from test_curriculum import TINY
+
+    from flows.config import load_config
+    from storage.query import sql
+    from tasks.train import rollout_sequences, train
+
+    cfg = load_config(sets=[*TINY, "rollout.temperature=0.5", "train.kl_coef=0", "train.rows_per_step=64"])
+    rows = [{"run_id": "temp", "round": 0, "policy_version": 0, "prompt_id": "p", "sample_idx": j,
+             "prompt_text": "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
+             "completion": ["4", "It is 5", "2 + 2 = 4", "three"][j], "reward": float(j in (0, 2)),
+             "correct": j in (0, 2), "n_tokens": 1, "mean_logprob": -1.0, "finish_reason": "stop",
+             "augmentation": None} for j in range(4)]
+    store.commit("collect", {"rollouts": pa.Table.from_pylist(rows)}, run_id="temp", round=0)
+    assert train(store, "temp", 0, 0, "tiny-random", "tiny-random", cfg.train, cfg.model, cfg.rollout)["steps"] == 1
+    (entropy,) = sql(store, "SELECT entropy FROM train_steps WHERE run_id = 'temp'").to_pylist()
+    tok = tiny_backend.tokenizer
+    seqs, _, _ = rollout_sequences(pl.DataFrame(rows), tok, tok.eos_token_id, True, cfg.rollout.max_new_tokens)
+    n = sum(len(s.completion_ids) for s in seqs)
+
+    def mean_entropy(t):
+        return sum(float(_direct_entropy(tiny_backend.model, s.prompt_ids, s.completion_ids, t).sum())
+                   for s in seqs) / n
+
+    assert entropy["entropy"] == pytest.approx(mean_entropy(0.5), rel=1e-5)
+    assert abs(mean_entropy(1.0) - mean_entropy(0.5)) > 0.1
