@@ -176,6 +176,15 @@ def _unavailable(stage: dict, what: str) -> str:
     return f"; teacher unavailable for {n} prompt{'s' * (n != 1)} ({what})" if n else ""
 
 
+def _short_batch(dapo: dict) -> str:
+    """The tail of a dapo_filter round's line when its batch came up short, and why."""
+    if not dapo["short"]:
+        return ""
+    why = (f"the cap of {dapo['max_batches']} generation batches was hit" if dapo["cap_hit"]
+           else "every candidate was generated")
+    return f"; the batch is SHORT by {dapo['short']} groups ({why})"
+
+
 def print_summary(out: dict) -> None:
     from storage.query import sql
     from storage.store import Store
@@ -195,6 +204,11 @@ def print_summary(out: dict) -> None:
             if s.get("verify_timeouts"):
                 print(f"round {s['round']}: {s['verify_timeouts']} math-verify checks timed out and scored 0 "
                       f"(rollouts.verify_timeout)")
+            if d := s.get("dapo"):
+                print(f"round {s['round']}: dapo_filter kept {d['kept']} of B = {d['batch_size']} groups from "
+                      f"{d['groups_generated']} generated in {d['generation_batches']} generation batches; discarded "
+                      f"{d['zero_variance']} zero-variance + {d['surplus']} surplus groups ({d['discarded_rollouts']} "
+                      f"rollouts, {d['discarded_tokens']} tokens; see discarded_rollouts)" + _short_batch(d))
         elif s["stage"] == "select" and "clusters" in s:
             print(f"round {s['round']}: selected {s['selected']} of {s['candidates']} over {s['clusters']} clusters "
                   f"({s['selected_unscored']} never scored; scored ones: mean EPS {s['mean_eps_selected']:.3f} "

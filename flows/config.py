@@ -95,7 +95,8 @@ class SelectConfig(Section):
 
     selector: Literal["kmeans", "uniform", "dapo_filter", "all"] = Field(
         "kmeans", description="kmeans: EPS-weighted clusters of prompt embeddings; uniform: at random; "
-        "dapo_filter: drop prompts whose last group had no reward variance; all: the whole active pool")
+        "dapo_filter: DAPO dynamic sampling (over-sample, drop groups with no reward variance, refill to B; the "
+        "discards land in discarded_rollouts); all: the whole active pool")
     batch_size: int = Field(48, ge=1, le=10_000_000, description="B: prompts selected per round")
     k_max: int = Field(64, ge=1, le=4096, description="K = min(k_max, ceil(candidates / 8))")
     temperature: float = Field(0.1, gt=0.0, le=100.0, description="T_sel of the cluster-weight softmax")
@@ -104,6 +105,12 @@ class SelectConfig(Section):
         "minilm", description="kmeans embeddings: minilm (packaged all-MiniLM-L6-v2), policy (the policy's "
         "mean hidden state) or hashing (hashed word n-grams, no model)")
     seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r")
+    dapo_oversample: float = Field(3.0, ge=1.0, le=100.0, description="dapo_filter: a generation batch draws "
+                                   "ceil(this * the groups still missing) prompts, the first ceil(this * B) "
+                                   "(DAPO's recipe: 3)")
+    dapo_max_batches: int = Field(10, ge=1, le=1000, description="dapo_filter: generation batches per round at "
+                                  "most, the first included; a batch still short then trains on fewer than B "
+                                  "groups, and the round's summary says so")
 
 
 class RefineConfig(Section):

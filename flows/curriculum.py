@@ -112,7 +112,7 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                 stages.append(select_task(store.uri, config.run_id, r, config.select, model_r,
                                           config.rollout.include_reserve))
             stages.append(collect_task(store.uri, config.run_id, r, version, model_r, config.rollout,
-                                       config.reward, selecting, config.rounds))
+                                       config.reward, selecting, config.rounds, config.select))
             u = config.utility
             stages.append(score_task(store.uri, config.run_id, r, u.beta, u.tau, u.eps))
             if config.refine.strategies and r + 1 < config.rounds:  # children of the last round would never run

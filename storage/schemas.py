@@ -65,6 +65,28 @@ TABLES: dict[str, pa.Schema] = {
         _f("augmentation", pa.string(), True),
         _f("verify_timeout", pa.bool_(), True),  # the verifier overran its timeout (scored 0); null: older rows
     ]),
+    # DAPO dynamic sampling's discards (tasks/dapo.py; selector dapo_filter): groups generated in the round but
+    # not kept. Same columns as `rollouts` plus the generation batch and why the group was dropped, so the
+    # spend is one query (`SELECT round, count(*), sum(n_tokens) FROM discarded_rollouts WHERE run_id = ...`).
+    # Nothing reads them back as the round's rollouts: no score, no training, no pool move.
+    "discarded_rollouts": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("policy_version", pa.int32()),
+        _f("prompt_id", pa.string()),
+        _f("gen_batch", pa.int32()),  # 0-based generation batch of the round (0: the select stage's draw)
+        _f("reason", pa.string()),  # zero_variance | surplus (varied, but the batch was already full)
+        _f("sample_idx", pa.int32()),
+        _f("prompt_text", pa.string()),
+        _f("completion", pa.string()),
+        _f("reward", pa.float64()),
+        _f("correct", pa.bool_()),
+        _f("n_tokens", pa.int32()),
+        _f("mean_logprob", pa.float64(), True),
+        _f("finish_reason", pa.string()),
+        _f("augmentation", pa.string(), True),
+        _f("verify_timeout", pa.bool_(), True),
+    ]),
     "prompt_scores": pa.schema([
         _f("run_id", pa.string()),
         _f("round", pa.int32()),

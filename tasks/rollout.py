@@ -4,6 +4,9 @@ Each prompt is the question plus the configured instruction, rendered with the m
 optionally after few-shot demonstrations (tasks/fewshot.py, recorded in `augmentation`). All-fail groups
 are then resampled under Lorem-Ipsum prefixes (tasks/lope.py), and correct resamples replace up to G - 1
 failures, also recorded in `augmentation`.
+With selector dapo_filter the round over-samples instead (DAPO dynamic sampling, tasks/dapo.py): groups
+are generated batch by batch until B of them have reward variance; only those land as `rollouts`, every
+other group generated lands in `discarded_rollouts`, and the refill prompts are added to `selections`.
 The whole round lands as one atomic stage; a crash mid-collection leaves nothing, and the rerun collects
 the round again with the same seed (so exactly one set of rollouts per prompt and round exists).
 """
@@ -11,6 +14,7 @@ the round again with the same seed (so exactly one set of rollouts per prompt an
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import polars as pl
@@ -21,6 +25,7 @@ from models.backend import Sampling
 from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store, fault_point
+from tasks.dapo import SURPLUS, ZERO_VARIANCE, draw_order, dynamic_sampling
 from tasks.fewshot import demonstrations, fewshot_messages
 from tasks.lope import Rescue, is_lope_replaced, lope_rescue
 from tasks.reporting import progress_reporter, sig4, timed
@@ -70,9 +75,93 @@ def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], augm
     return pa.table({"run_id": [run_id] * n, "round": [round] * n, "policy_version": [policy_version] * n, **cols})
 
 
+def _sample(backend: Any, prompts: pl.DataFrame, demos: pl.DataFrame | None, run_id: str, round: int, rounds: int,
+            rollout_cfg: Any, sampling: Sampling, label: str) -> tuple[list, list, list[str], list]:
+    """(chat messages, augmentation records, rendered prompts, G completions each) for `prompts`."""
+    messages, augmentation = fewshot_messages(prompts, demos if demos is not None else pl.DataFrame(), run_id,
+                                              round, rounds, rollout_cfg.fewshot_p0, rollout_cfg.fewshot_k,
+                                              rollout_cfg.instruction)
+    rendered = [backend.render(m) for m in messages]
+    with progress_reporter(label, prompts.height * rollout_cfg.group_size) as advance:
+        def on_progress(k: int) -> None:
+            advance(k)
+            fault_point("collect:mid")  # test hook: a fault test kills the process here, mid-collection
+
+        groups = backend.generate(rendered, rollout_cfg.group_size, sampling, progress=on_progress)
+    return messages, augmentation, rendered, groups
+
+
+DAPO_SEED_STRIDE = 1_000_003  # refill k of a round samples with seed + k * this: fresh noise, no other round's seed
+
+
+def _in_order(frame: pl.DataFrame, ids: list[str]) -> pl.DataFrame:
+    """The rows of `frame` for `ids`, in that order."""
+    order = pl.DataFrame({"prompt_id": ids, "_order": list(range(len(ids)))}, schema={"prompt_id": pl.String,
+                                                                                       "_order": pl.Int64})
+    return frame.join(order, on="prompt_id").sort("_order").drop("_order")
+
+
+def _dynamic_sampling(store: Store, run_id: str, round: int, policy_version: int, first: pl.DataFrame,
+                      backend: Any, demos: pl.DataFrame | None, rounds: int, rollout_cfg: Any, reward_cfg: Any,
+                      select_cfg: Any, sampling: Sampling) -> tuple:
+    """DAPO dynamic sampling (tasks/dapo.py) over the round's candidates: the select stage's draw (`first`)
+    is generation batch 1; refills come from the rest of the pool in a seeded uniform order. Returns the kept
+    groups as collect's usual lists, plus the summary and the extra tables to land with the rollouts:
+    `discarded_rollouts` (every group generated and not kept) and `selections` rows for the refills, so that
+    `selections` names every prompt generated for and each has its group in exactly one of the two tables."""
+    candidates = round_prompts(store, run_id, round, False, rollout_cfg.include_reserve)
+    chosen = set(first["prompt_id"].to_list())
+    order = draw_order(candidates["prompt_id"].to_list(), select_cfg.seed * 1000 + round)
+    queue = [i for i in order if i in chosen] + [i for i in order if i not in chosen]
+    spent = {"seconds": 0.0}
+
+    def generate(ids: list[str], k: int) -> list[tuple]:
+        rows = _in_order(candidates, ids)
+        t0 = time.perf_counter()
+        label = f"round {round}: rollouts" + (f" (dapo refill {k})" if k else "")
+        messages, augmentation, rendered, groups = _sample(
+            backend, rows, demos, run_id, round, rounds, rollout_cfg,
+            replace(sampling, seed=sampling.seed + k * DAPO_SEED_STRIDE), label)
+        spent["seconds"] += time.perf_counter() - t0
+        checked = verdicts(rows, groups, reward_cfg)
+        return list(zip(rows.iter_rows(named=True), messages, augmentation, rendered, groups, checked))
+
+    out = dynamic_sampling(queue, select_cfg.batch_size, select_cfg.dapo_oversample, select_cfg.dapo_max_batches,
+                           generate, rewards=lambda g: [v.reward for v in g[5]], first_size=len(chosen))
+    kept = sorted(out.kept, key=lambda d: d.item)  # the usual order of a round's rollouts: by prompt_id
+    prompts = _in_order(candidates, [d.item for d in kept])
+    messages, augmentation, rendered, groups, checked = ([d.group[j] for d in kept] for j in range(1, 6))
+    gone = out.discarded
+    table = rollout_table(_in_order(candidates, [d.item for d in gone]), [d.group[4] for d in gone],
+                          [d.group[3] for d in gone], [[d.group[2]] * len(d.group[4]) for d in gone],
+                          [d.group[5] for d in gone], run_id, round, policy_version)
+    per_row = [(d.gen_batch, d.reason) for d in gone for _ in d.group[4]]
+    table = table.append_column("gen_batch", pa.array([b for b, _ in per_row], pa.int32())).append_column(
+        "reason", pa.array([r for _, r in per_row], pa.string()))
+    refills = [d for d in out.kept + out.discarded if d.gen_batch > 0]
+    extra = {"discarded_rollouts": table} if table.num_rows else {}
+    if refills:
+        extra["selections"] = pa.table({
+            "run_id": [run_id] * len(refills), "round": pa.array([round] * len(refills), pa.int32()),
+            "prompt_id": [d.item for d in refills], "selector": ["dapo_filter"] * len(refills),
+            "reason": [f"dapo_filter: generation batch {d.gen_batch + 1} (refill)" for d in refills]})
+    drawn = out.kept + out.discarded
+    n_tokens = sum(c.n_tokens for d in drawn for c in d.group[4])  # everything generated is spent
+    timeouts = sum(v.timed_out for d in drawn for v in d.group[5])
+    summary = {"batch_size": out.batch, "generation_batches": out.batches, "groups_generated": out.generated,
+               "kept": len(out.kept), "discarded_groups": len(gone),
+               "zero_variance": sum(d.reason == ZERO_VARIANCE for d in gone),
+               "surplus": sum(d.reason == SURPLUS for d in gone), "discarded_rollouts": table.num_rows,
+               "discarded_tokens": int(sum(table["n_tokens"].to_pylist())), "short": out.short,
+               "cap_hit": out.cap_hit, "exhausted": out.exhausted, "max_batches": select_cfg.dapo_max_batches}
+    return (prompts, messages, augmentation, rendered, groups, checked, spent["seconds"], n_tokens, timeouts,
+            summary, extra)
+
+
 def collect(store: Store, run_id: str, round: int, policy_version: int, model_cfg: Any, rollout_cfg: Any,
-            reward_cfg: Any, use_selection: bool = False, rounds: int = 1) -> dict:
-    """Generate, verify and land the round's rollouts. Returns a small summary."""
+            reward_cfg: Any, use_selection: bool = False, rounds: int = 1, select_cfg: Any = None) -> dict:
+    """Generate, verify and land the round's rollouts. Returns a small summary. With selector dapo_filter
+    (`select_cfg`), DAPO dynamic sampling decides which groups are the round's rollouts (_dynamic_sampling)."""
     if store.landed(run_id, round, "collect"):
         return {"stage": "collect", "round": round, "skipped": "already landed"}
     prompts = round_prompts(store, run_id, round, use_selection, rollout_cfg.include_reserve)
@@ -81,24 +170,21 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
     backend = load_backend(model_cfg.policy, model_cfg.backend, model_cfg.device, model_cfg.dtype,
                            model_cfg.batch_size)
     demos = demonstrations(store, run_id, round) if rollout_cfg.fewshot_k else None
-    messages, augmentation = fewshot_messages(prompts, demos if demos is not None else pl.DataFrame(), run_id,
-                                              round, rounds, rollout_cfg.fewshot_p0, rollout_cfg.fewshot_k,
-                                              rollout_cfg.instruction)
-    rendered = [backend.render(m) for m in messages]
     sampling = Sampling(rollout_cfg.temperature, rollout_cfg.top_p, rollout_cfg.max_new_tokens,
                         seed=rollout_cfg.seed * 1000 + round)
-    total = prompts.height * rollout_cfg.group_size
-    t0 = time.perf_counter()
-    with progress_reporter(f"round {round}: rollouts", total) as advance:
-        def on_progress(k: int) -> None:
-            advance(k)
-            fault_point("collect:mid")  # test hook: a fault test kills the process here, mid-collection
-
-        groups = backend.generate(rendered, rollout_cfg.group_size, sampling, progress=on_progress)
-    seconds = time.perf_counter() - t0
-    n_tokens = sum(c.n_tokens for g in groups for c in g)  # the sampling pass's own tokens (LoPE reported apart)
-    checked = verdicts(prompts, groups, reward_cfg)
-    timeouts = sum(v.timed_out for vs in checked for v in vs)
+    dapo, landed_too = None, {}
+    if select_cfg is not None and select_cfg.selector == "dapo_filter":
+        (prompts, messages, augmentation, rendered, groups, checked, seconds, n_tokens, timeouts, dapo,
+         landed_too) = _dynamic_sampling(store, run_id, round, policy_version, prompts, backend, demos, rounds,
+                                         rollout_cfg, reward_cfg, select_cfg, sampling)
+    else:
+        t0 = time.perf_counter()
+        messages, augmentation, rendered, groups = _sample(backend, prompts, demos, run_id, round, rounds,
+                                                           rollout_cfg, sampling, f"round {round}: rollouts")
+        seconds = time.perf_counter() - t0
+        n_tokens = sum(c.n_tokens for g in groups for c in g)  # the sampling pass's own tokens (LoPE reported apart)
+        checked = verdicts(prompts, groups, reward_cfg)
+        timeouts = sum(v.timed_out for vs in checked for v in vs)
     augs = [[a] * len(g) for a, g in zip(augmentation, groups)]
     rescue = Rescue()
     if rollout_cfg.lope_prefixes and rollout_cfg.lope_samples:
@@ -120,19 +206,20 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
                     checked[i][j] = seen[(i, c.text)]
         timeouts += sum(v.timed_out for v in seen.values())
     table = rollout_table(prompts, groups, rendered, augs, checked, run_id, round, policy_version)
-    store.commit("collect", {"rollouts": table}, run_id=run_id, round=round)
+    store.commit("collect", {"rollouts": table, **landed_too}, run_id=run_id, round=round)
     report_timeouts("collect", round, timeouts)
     return {"stage": "collect", "round": round, "prompts": prompts.height, "rollouts": table.num_rows,
             "tokens": n_tokens, "seconds": sig4(seconds), "tokens_per_s": sig4(n_tokens / max(seconds, 1e-9)),
             "pass_rate": sig4(sum(table["correct"].to_pylist()) / max(table.num_rows, 1)),
             "verify_timeouts": timeouts,
             "lope": {"groups": rescue.groups, "rescued": rescue.rescued, "replaced": rescue.replaced,
-                     "resamples": rescue.resamples, "seconds": sig4(rescue.seconds)}}
+                     "resamples": rescue.resamples, "seconds": sig4(rescue.seconds)},
+            **({"dapo": dapo} if dapo is not None else {})}
 
 
 @task(name="collect")
 @timed
 def collect_task(store_uri: str, run_id: str, round: int, policy_version: int, model_cfg: Any, rollout_cfg: Any,
-                 reward_cfg: Any, use_selection: bool = False, rounds: int = 1) -> dict:
+                 reward_cfg: Any, use_selection: bool = False, rounds: int = 1, select_cfg: Any = None) -> dict:
     return collect(Store(store_uri), run_id, round, policy_version, model_cfg, rollout_cfg, reward_cfg, use_selection,
-                   rounds)
+                   rounds, select_cfg)

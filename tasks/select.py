@@ -27,6 +27,7 @@ from prefect import task
 from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store
+from tasks.dapo import draw_order, first_batch_size
 from tasks.embed import cached_embeddings, embedding_space, policy_namespace
 from tasks.reporting import sig4, timed
 
@@ -158,21 +159,13 @@ def select_uniform(prompt_ids: list[str], batch: int, seed: int = 0) -> pl.DataF
                                 "reason": pl.String})
 
 
-def select_dapo_filter(prompt_ids: list[str], std: np.ndarray, batch: int, eps_tol: float = 1e-6,
-                       seed: int = 0) -> pl.DataFrame:
-    """DAPO dynamic sampling as a selector: prompts whose last group had zero variance are dropped; the
-    batch is filled from the varied ones, then refilled at random from prompts never scored."""
-    rng = np.random.default_rng(seed)
-    varied = np.nonzero(~np.isnan(std) & (std > eps_tol))[0]
-    unscored = np.nonzero(np.isnan(std))[0]
-    picks = rng.permutation(varied)[:batch].tolist()
-    reasons = ["dapo_filter: last group varied"] * len(picks)
-    if len(picks) < batch:
-        extra = rng.permutation(unscored)[: batch - len(picks)].tolist()
-        picks += extra
-        reasons += ["dapo_filter: refill, never scored"] * len(extra)
-    return pl.DataFrame({"prompt_id": [prompt_ids[i] for i in picks], "cluster": [None] * len(picks),
-                         "weight": [None] * len(picks), "reason": reasons},
+def select_dapo_filter(prompt_ids: list[str], batch: int, oversample: float, seed: int = 0) -> pl.DataFrame:
+    """DAPO dynamic sampling's first generation batch (tasks/dapo.py): ceil(oversample * B) candidates, the
+    head of a seeded uniform draw order. DAPO draws from the whole dataset, whatever a prompt scored before;
+    the collect stage generates them, drops the zero-variance groups and refills from the same draw order."""
+    picks = draw_order(prompt_ids, seed)[:first_batch_size(batch, oversample)]
+    return pl.DataFrame({"prompt_id": picks, "cluster": [None] * len(picks), "weight": [None] * len(picks),
+                         "reason": ["dapo_filter: generation batch 1"] * len(picks)},
                         schema={"prompt_id": pl.String, "cluster": pl.Int32, "weight": pl.Float64,
                                 "reason": pl.String})
 
@@ -222,8 +215,8 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
     elif cfg.selector == "uniform":
         rows, extra = select_uniform(ids, cfg.batch_size, seed), {}
     elif cfg.selector == "dapo_filter":
-        std = cand["std_reward"].fill_null(np.nan).to_numpy().astype(float)
-        rows, extra = select_dapo_filter(ids, std, cfg.batch_size, seed=seed), {}
+        rows = select_dapo_filter(ids, cfg.batch_size, cfg.dapo_oversample, seed)
+        extra = {"batch_size": cfg.batch_size, "oversample": cfg.dapo_oversample}  # collect refills to B
     else:
         raise ValueError(f"unknown selector {cfg.selector!r}: use one of {', '.join(SELECTORS)}")
     sel = rows.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(round, pl.Int32).alias("round"),

@@ -98,12 +98,15 @@ def test_bonus_zero_selects_a_full_batch(eps):
     assert positive <= set(picked)
 
 
-def test_dapo_filter_drops_zero_variance_groups_and_refills():
-    ids = [f"p{i}" for i in range(6)]
-    std = np.array([0.0, 0.5, 0.0, 0.4, np.nan, np.nan])
-    got = select_dapo_filter(ids, std, batch=3, seed=0)
-    assert set(got["prompt_id"][:2]) == {"p1", "p3"} and got["prompt_id"][2] in {"p4", "p5"}
-    assert "p0" not in got["prompt_id"].to_list() and "p2" not in got["prompt_id"].to_list()
+def test_dapo_filter_draws_the_first_generation_batch():
+    """dapo_filter selects DAPO's first generation batch, ceil(oversample * B) candidates drawn uniformly; the
+    zero-variance groups are dropped after generation and refilled in the collect stage (tests/test_dapo.py)."""
+    ids = [f"p{i}" for i in range(20)]
+    got = select_dapo_filter(ids, batch=4, oversample=1.5, seed=0)["prompt_id"].to_list()
+    assert len(got) == len(set(got)) == 6 and set(got) <= set(ids)
+    assert got == select_dapo_filter(ids, 4, 1.5, seed=0)["prompt_id"].to_list()
+    assert got != select_dapo_filter(ids, 4, 1.5, seed=1)["prompt_id"].to_list()
+    assert select_dapo_filter(ids, batch=8, oversample=3.0).height == 20  # no more than the candidates
 
 
 def test_embeddings_are_cached_in_the_store(store):
