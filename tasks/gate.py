@@ -4,9 +4,15 @@ Every rejection reason reads `<category>: <detail>`, and the category (the text 
 one of a fixed set, so SQL counts rejections per category with `split_part(reason, ':', 1)`:
 
 - `too short`, `too long`: outside the configured length bounds;
-- `reveals answer`: the text shows the reference answer more often than its parent's text already did: as
-  digits, as words ("fifty-six"), in LaTeX (\\boxed{56}, \\frac{1}{2}), or as a quoted option inside a
-  scaffold ("(B) 56"); for multiple-choice children only the stem is checked, since the options must list it;
+- `reveals answer`: the text shows the reference answer more often than its parent's text already did. A
+  numeric answer is compared by value, so every spelling counts: digits with or without a sign, decimals
+  ("56.0"), thousands separators ("1,203"), fractions and their decimals ("1/2", "2/4", "0.5", "\\frac12",
+  "\\tfrac{1}{2}"), inside LaTeX or a quoted option ("\\boxed{56}", "(B) 56"), and an integer's words
+  ("fifty-six", "one hundred and three"); another answer counts as its literal text. For multiple-choice
+  children only the stem is checked, since the options must list it; a cloze pattern that masks no digit
+  reveals the answer too;
+- `bad pattern`: a cloze child whose pattern (after the last ": " of its last line) is not the answer with
+  50-80% of its digits, and at least one digit kept, masked by '_';
 - `bad options`: a multiple-choice child whose correct option does not verify against the original answer,
   or one of whose distractors does;
 - `unsupported`: the strategy cannot make this child (no reference solution, no numeric distractors, ...);
@@ -43,6 +49,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import cache
 
 from tasks.rewards import exact_match, math_equiv
@@ -85,42 +92,73 @@ def number_words(n: int) -> str:
 
 
 def _words_pattern(n: int) -> str:
-    return re.escape(number_words(n)).replace("\\-", "[- ]").replace("\\ ", "\\s+")
+    """A regex for `number_words(n)`: hyphen or space between tens and ones, and the British "and" after
+    "hundred" or "thousand" ("one hundred and three")."""
+    pattern = re.escape(number_words(n)).replace("\\-", "[- ]").replace("\\ ", "\\s+")
+    return pattern.replace("hundred\\s+", "hundred(?:\\s+and)?\\s+").replace("thousand\\s+", "thousand(?:\\s+and)?\\s+")
 
 
-def reveal_patterns(answer: str) -> list[re.Pattern]:
-    """Every form of `answer` a leak could take."""
-    a = answer.strip()
-    forms = {re.escape(a)}
-    try:
-        value = float(a.replace(",", ""))
-        if value.is_integer() and abs(value) < 1_000_000:
-            n = int(value)
-            forms.add(re.escape(str(n)))
-            forms.add(_words_pattern(n))
-            if n < 0:
-                forms.add(re.escape(number_words(n).replace("minus", "negative")).replace("\\ ", "\\s+"))
-    except ValueError:
-        pass
-    frac = re.fullmatch(r"(-?\d+)\s*/\s*(\d+)", a)
-    if frac:
-        forms.add(rf"\\[dt]?frac\{{\s*{frac.group(1)}\s*\}}\{{\s*{frac.group(2)}\s*\}}")
-    pats = []
-    for f in forms:
-        # numbers: not inside a longer number ("56" in "156" or "5.6" is no leak); words: whole words
-        pats.append(re.compile(rf"(?<![\w.]){f}(?![\w]|\.\d)", re.IGNORECASE))
-    return pats
+# A number as written, without its sign (a leak is the answer's magnitude: "56" in "-56" shows most of -56):
+# a LaTeX fraction whose arguments are braced or single digits (\frac{1}{2}, \tfrac12, \dfrac1{2}); a slash
+# fraction (1/2, 1 / 2); a decimal, with thousands separators or a bare leading point (1,203, 56.0, .5).
+# Digits inside a word or a longer number are none ("x2", "156", "5.6"), and a digit next to a cloze mask
+# ("4__") is none either, since '_' is a word character.
+_FRAC_ARG = r"(?:\{\s*(\d+)\s*\}|(\d))"
+_WRITTEN_NUMBER = re.compile(
+    rf"\\[dt]?frac\s*{_FRAC_ARG}\s*{_FRAC_ARG}"
+    r"|(?<![\w.])(\d+)\s*/\s*(\d+)(?!\w|\.\d|\s*/)"
+    r"|(?<![\w.])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?!\w|\.\d)")
+
+
+def _written_value(m: re.Match) -> Fraction | None:
+    g = m.groups()
+    if g[0] or g[1]:
+        num, den = int(g[0] or g[1]), int(g[2] or g[3])
+    elif g[4]:
+        num, den = int(g[4]), int(g[5])
+    else:
+        return Fraction(g[6].replace(",", ""))
+    return Fraction(num, den) if den else None
+
+
+def answer_value(answer: str) -> Fraction | None:
+    r"""The exact value of a numeric answer (integer, decimal, fraction, LaTeX fraction; sign, thousands
+    separators and surrounding $ allowed), or None for any other answer.
+
+    >>> answer_value("1,203"), answer_value(r"-\dfrac{1}{2}"), answer_value("$0.50$"), answer_value("x + 1")
+    (Fraction(1203, 1), Fraction(-1, 2), Fraction(1, 2), None)
+    """
+    a = answer.strip().strip("$").strip()
+    sign = -1 if a[:1] in ("-", "\u2212") else 1
+    m = _WRITTEN_NUMBER.fullmatch(a.lstrip("+-\u2212").strip())
+    value = _written_value(m) if m else None
+    return None if value is None else sign * value
 
 
 def leak_count(text: str, answer: str) -> int:
-    return sum(len(p.findall(text)) for p in reveal_patterns(answer))
+    """How often `text` shows `answer`. A numeric answer counts every written number of the same magnitude
+    (56, 56.0, -56, \\boxed{56}, "(B) 56"; 1,203 for 1203; 0.5, 2/4, \\frac12 for 1/2) and, for an integer, its
+    English words ("fifty-six", "one hundred and three"); any other answer counts its literal occurrences
+    outside longer words (case-insensitive)."""
+    value = answer_value(answer)
+    if value is None:
+        literal = re.escape(answer.strip())
+        return len(re.findall(rf"(?<![\w.]){literal}(?!\w|\.\d)", text, re.IGNORECASE)) if literal else 0
+    count = sum(1 for m in _WRITTEN_NUMBER.finditer(text)
+                if (v := _written_value(m)) is not None and abs(v) == abs(value))
+    if value.denominator == 1 and abs(value) < 1_000_000:
+        # whole words: "fifty" in "fifty-six" is no fifty
+        words = _words_pattern(abs(int(value)))
+        count += len(re.findall(rf"(?<![\w-]){words}(?!\w|-\w)", text, re.IGNORECASE))
+    return count
 
 
 def check_child(child_text: str, parent_text: str, answer: str, *, kind: str = "scaffold",
                 options: list[str] | None = None, correct: int | None = None,
                 min_chars: int = 8, max_chars: int = 4000) -> str | None:
     """None if the child is valid, else the reason it is rejected (the checks every child passes; a rewrite
-    also passes `RewriteGate`)."""
+    also passes `RewriteGate`). `kind`: "mcq" (options checked, stem leak-checked), "cloze" (pattern checked
+    too) or any other child."""
     if len(child_text.strip()) < min_chars:
         return f"too short: {len(child_text.strip())} chars (min {min_chars})"
     if len(child_text) > max_chars:
@@ -139,6 +177,26 @@ def check_child(child_text: str, parent_text: str, answer: str, *, kind: str = "
         return None
     if leak_count(child_text, answer) > leak_count(parent_text, answer):
         return "reveals answer: as digits, words, LaTeX or a quoted option"
+    if kind == "cloze":
+        return cloze_reason(child_text.rstrip().rsplit("\n", 1)[-1].rsplit(": ", 1)[-1].strip(), answer)
+    return None
+
+
+def cloze_reason(pattern: str, answer: str) -> str | None:
+    """None if `pattern` is `answer` with 50-80% of its digits (and not all) masked by '_', else why not.
+
+    >>> cloze_reason("4__", "456"), cloze_reason("456", "456"), cloze_reason("5__", "456")
+    (None, "reveals answer: the cloze pattern '456' masks no digit", "bad pattern: '5__' is not the answer '456' with digits masked")
+    """
+    a = answer.strip()
+    fits = len(pattern) == len(a) and all(p == c or (p == "_" and c.isdigit()) for p, c in zip(pattern, a))
+    if not fits:
+        return f"bad pattern: {pattern!r} is not the answer {a!r} with digits masked"
+    masked, digits = pattern.count("_"), sum(c.isdigit() for c in a)
+    if masked == 0:
+        return f"reveals answer: the cloze pattern {pattern!r} masks no digit"
+    if not (0.5 <= masked / digits <= 0.8 and masked < digits):
+        return f"bad pattern: {pattern!r} masks {masked} of {digits} digits (50-80%, at least one kept)"
     return None
 
 

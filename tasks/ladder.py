@@ -6,12 +6,16 @@ promotion from cloze re-opens the original question. Numeric distractors are mad
 misses, digit swaps, results of a wrong operation) and, when a teacher is configured, by the teacher
 (`distractor_payload`, `parse_distractors`; its answers come first, topped up by programmatic ones); none
 may verify as correct (checked here and again by the gate). The correct letter cycles
-over positions across the pool (by a hash of the prompt id), so no position is favoured.
+over positions across the pool (by a hash of the prompt id), so no position is favoured. A letter stands for
+its option's value only on an mcq rung (`mcq_options`, read by the verifier); a cloze rung's answer is the
+value. The cloze pattern masks a count of digits drawn uniformly from those that keep 50-80% masked and at
+least one digit shown.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import re
 
@@ -124,10 +128,28 @@ def make_cloze(prompt_id: str, question: str, answer: str) -> str | None:
     if len(digits) < 2:
         return None
     rng = random.Random(_seed(prompt_id, "cloze"))
-    n_mask = min(len(digits) - 1, max(1, round(len(digits) * rng.uniform(0.5, 0.8))))
+    n = len(digits)
+    # uniform over the admissible counts, ceil(n/2)..floor(4n/5) (never empty, never all n for n >= 2): rounding
+    # a uniform share instead reached 5 of 6 and 6 of 7 digits, above the 80% ceiling
+    n_mask = rng.randint((n + 1) // 2, (4 * n) // 5)
     masked = set(rng.sample(digits, n_mask))
     pattern = "".join("_" if i in masked else ch for i, ch in enumerate(a))
     return f"{question}\nThe answer should look like: {pattern}"
+
+
+MCQ_LEVELS = ("mcq4", "mcq10")
+
+
+def mcq_options(meta: str | dict | None) -> list[str]:
+    """The options a bare letter may stand for: a multiple-choice rung's, and none on any other prompt. A cloze
+    or open rung is answered with the value, even if its stored meta carries a parent's options (cloze
+    children made before their meta started from the root's inherited their mcq10 parent's).
+
+    >>> mcq_options('{"level": "mcq4", "options": ["1", "2"]}'), mcq_options('{"level": "cloze", "options": ["1"]}')
+    (['1', '2'], [])
+    """
+    meta = json.loads(meta) if isinstance(meta, str) else (meta or {})
+    return list(meta.get("options") or []) if meta.get("level") in MCQ_LEVELS else []
 
 
 def option_value(pred: str | None, options: list[str]) -> str | None:

@@ -69,9 +69,11 @@ at the answer itself. Reply with the rewritten problem only."""
 
 
 def _child(parent: dict, text: str, transform: str, run_id: str, round: int, meta_extra: dict | None = None,
-           answer: str | None = None, params: str | None = None) -> dict:
+           answer: str | None = None, params: str | None = None, meta_from: dict | None = None) -> dict:
+    """A child row of `parent`. Its meta is `meta_from`'s (default: the parent's) updated by `meta_extra`."""
     answer = parent["answer"] if answer is None else answer
-    meta = json.loads(parent["meta"]) if parent.get("meta") else {}
+    base = parent if meta_from is None else meta_from
+    meta = json.loads(base["meta"]) if base.get("meta") else {}
     meta.update(meta_extra or {})
     return {"prompt_id": content_id(text, answer, parent["source"]), "text": text, "answer": answer,
             "solution": None if answer != parent["answer"] else parent.get("solution"),
@@ -82,7 +84,10 @@ def _child(parent: dict, text: str, transform: str, run_id: str, round: int, met
 
 def ladder_child(parent: dict, root: dict, level: str, run_id: str, round: int,
                  teacher_distractors: list[str] = ()) -> tuple[dict | None, str | None]:
-    """The `level` rung of `root`'s question, made a child of `parent`. (child, rejection reason)."""
+    """The `level` rung of `root`'s question, made a child of `parent`. (child, rejection reason). Its meta is
+    the root's plus the rung's own keys, never the parent rung's: a cloze child of an mcq10 rung that kept its
+    options would score a bare letter as the value. Every rung passes the gate (length bounds and leaks; the
+    options of an mcq rung, the pattern of a cloze)."""
     q, a = root["text"], root["answer"]
     if level.startswith("mcq"):
         made = make_mcq(root["prompt_id"], q, a, n_options(level), list(teacher_distractors))
@@ -92,12 +97,14 @@ def ladder_child(parent: dict, root: dict, level: str, run_id: str, round: int,
         reason = check_child(text, q, a, kind="mcq", options=options, correct=correct)
         by_teacher = sum(o in teacher_distractors for i, o in enumerate(options) if i != correct)
         return _child(parent, text, level, run_id, round, {"level": level, "options": options,
-                                                           "teacher_distractors": by_teacher}), reason
+                                                           "teacher_distractors": by_teacher},
+                      meta_from=root), reason
     if level == "cloze":
         text = make_cloze(root["prompt_id"], q, a)
         if text is None:
             return None, "unsupported: cloze needs an answer of 2+ digits to mask"
-        return _child(parent, text, "cloze", run_id, round, {"level": "cloze"}), None
+        return (_child(parent, text, "cloze", run_id, round, {"level": "cloze"}, meta_from=root),
+                check_child(text, q, a, kind="cloze"))
     raise ValueError(f"not a ladder rung: {level}")
 
 

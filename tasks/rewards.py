@@ -314,10 +314,10 @@ def verify(
     """Score one completion. `auto` uses reasoning-gym for rg: sources, math-verify otherwise (bounded by
     `math_timeout` seconds; a timeout scores 0 and sets `timed_out`)."""
     pred = extract_answer(completion, strict=strict)
-    if meta and '"options"' in meta:  # a multiple-choice variant: a bare letter stands for its option's value
-        from tasks.ladder import option_value
+    if meta and '"options"' in meta:  # on an mcq rung (only) a bare letter stands for its option's value
+        from tasks.ladder import mcq_options, option_value
 
-        pred = option_value(pred, json.loads(meta).get("options") or [])
+        pred = option_value(pred, mcq_options(meta))
     kind = verifier if verifier != "auto" else ("rg" if source.startswith("rg:") else "math")
     timed_out = False
     if kind == "rg":

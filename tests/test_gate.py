@@ -131,3 +131,50 @@ def test_logprob_bound_is_relative_to_the_parent(tiny_backend):
     assert reason.startswith("not language: mean log-prob -6.00") and "parent's -3.00" in reason
     lenient = RewriteGate(RewriteBounds(max_logprob_drop=3.5), logprobs=lambda ts: [scores[t] for t in ts])
     assert lenient.check([(GOOD[0][1], PARENT, "56", "")]) == [None]
+
+
+# ---- the leak check: the answer's value in any spelling --------------------------------------------------
+
+from tasks.gate import check_child, leak_count  # noqa: E402
+
+SEVEN_EIGHT = "Solve the following multiplication: 7 * 8."
+
+
+@pytest.mark.parametrize("hint,parent,answer", [
+    ("Hint: the result is 56.0.", SEVEN_EIGHT, "56"),  # a decimal spelling of an integer
+    ("Hint: the result is 56.00", SEVEN_EIGHT, "56"),
+    ("Hint: it comes to 1,203.", "Compute 401 * 3.", "1203"),  # thousands separators
+    ("Hint: it comes to 1203.", "Compute 401 * 3.", "1,203"),
+    ("Hint: the value is 0.5.", "What is 1/4 + 1/4?", "1/2"),  # a fraction's decimal value
+    ("Hint: the value is .5", "What is 1/4 + 1/4?", "1/2"),
+    (r"Hint: it is $\frac12$.", "What is 1/4 + 1/4?", "1/2"),  # LaTeX, with and without braces
+    (r"Hint: it is $\tfrac12$.", "What is 1/4 + 1/4?", "1/2"),
+    (r"Hint: it is $\dfrac{1}{2}$.", "What is 1/4 + 1/4?", "1/2"),
+    (r"Hint: it is $\frac{2}{4}$.", "What is 1/4 + 1/4?", "1/2"),  # the same value, unreduced
+    (r"Hint: it is \frac{1}{2}.", "What is 1/4 + 1/4?", "0.5"),
+    ("Hint: one hundred and three.", "Compute 100 + 3.", "103"),  # British "and"
+    ("Hint: one thousand and three.", "Compute 1000 + 3.", "1003"),
+    ("Hint: the result is \u221256.", "Compute 8 * -7.", "-56"),  # a Unicode minus
+])
+def test_gate_rejects_the_answers_value_in_any_spelling(hint, parent, answer):
+    reason = check_child(f"{parent} {hint}", parent, answer)
+    assert reason is not None and reason_category(reason) == "reveals answer", reason
+
+
+@pytest.mark.parametrize("hint,parent,answer", [
+    ("Is it 156, 5.6, 0.56 or 56.5? None of them.", SEVEN_EIGHT, "56"),  # other numbers that contain 56
+    ("Think of 1/56 of it, or 560.", SEVEN_EIGHT, "56"),
+    ("Half of a half is 1/4.", "What is 1/4 + 1/4?", "1/2"),
+    ("One hundred is a round number.", "Compute 100 + 3.", "103"),
+])
+def test_gate_accepts_other_numbers_that_merely_contain_the_answers_digits(hint, parent, answer):
+    assert check_child(f"{parent} {hint}", parent, answer) is None
+
+
+def test_leak_count_counts_each_spelling_once_and_compares_with_the_parent():
+    assert leak_count(r"56, 56.0, fifty-six, \boxed{56} and (B) 56", "56") == 5
+    assert leak_count(r"0.5 = 1/2 = \frac12 = 2/4", "1/2") == 4
+    assert leak_count("What is 1,203 - 1203 + 0?", "1203") == 2
+    # the parent already shows the value: repeating the question is no leak, adding one more spelling is
+    assert check_child("What is 1/2 + 0? Think.", "What is 1/2 + 0?", "1/2") is None
+    assert check_child("What is 1/2 + 0? It is 0.5.", "What is 1/2 + 0?", "1/2") is not None

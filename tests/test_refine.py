@@ -71,7 +71,7 @@ def test_correct_letter_is_balanced_and_mcq_rewards_the_value():
     assert min(counts) > 70, counts
     text, options, correct = make_mcq("p1", "Solve 7 * 8.", "56", 10)
     assert len(options) == 10 and options[correct] == "56" and "(J)" in text
-    meta = json.dumps({"options": options})
+    meta = json.dumps({"level": "mcq10", "options": options})  # as ladder_child writes it
     letter = "ABCDEFGHIJ"[correct]
     assert verify(f"The answer is ({letter}).", "56", "file", meta=meta, verifier="exact").correct
     assert verify(r"\boxed{56}", "56", "file", meta=meta, verifier="exact").correct
@@ -104,3 +104,76 @@ def test_ladder_order_and_promotion_in_the_pool():
     got = {r["prompt_id"]: (r["status"], r["level"]) for r in nxt.iter_rows(named=True)}
     assert got == {"orig": ("reserve", None), "m4": ("retired", "mcq4"), "m10": ("active", "mcq10"),
                    "x": ("active", None)}
+
+
+# ---- the cloze rung: its own meta, its own gate, its mask share ------------------------------------------
+
+ROOT = {"prompt_id": "root78", "text": "What is 123 + 333?", "answer": "456", "solution": None,
+        "source": "file", "params": None, "root_id": "root78", "transform": "original", "meta": None}
+
+
+def _rungs():
+    from tasks.refine import ladder_child
+
+    m10, reason = ladder_child(ROOT, ROOT, "mcq10", "r", 1)
+    assert reason is None
+    cloze, reason = ladder_child(m10, ROOT, "cloze", "r", 2)
+    return m10, cloze, reason
+
+
+def test_cloze_answer_must_be_the_value_not_an_mcq10_letter():
+    """The cloze rung of an mcq10 parent inherited its options, so \\boxed{F} on "The answer should look like:
+    4__" scored 1.0. A cloze child's meta holds no options, and no letter verifies on it."""
+    m10, cloze, reason = _rungs()
+    assert reason is None
+    meta = json.loads(cloze["meta"])
+    assert meta == {"level": "cloze"}, meta
+    assert "The answer should look like:" in cloze["text"] and "Options" not in cloze["text"]
+    letter_scores = [verify(rf"\boxed{{{x}}}", "456", "file", meta=cloze["meta"], verifier="exact").reward
+                     for x in "ABCDEFGHIJ"]
+    assert letter_scores == [0.0] * 10
+    assert verify(r"\boxed{456}", "456", "file", meta=cloze["meta"], verifier="exact").correct
+    # the mcq10 parent itself still maps its correct letter to the value
+    options = json.loads(m10["meta"])["options"]
+    letter = "ABCDEFGHIJ"[options.index("456")]
+    assert verify(rf"\boxed{{{letter}}}", "456", "file", meta=m10["meta"], verifier="exact").correct
+
+
+def test_verifier_maps_letters_only_on_multiple_choice_rungs():
+    """A cloze stored before the fix still carries its parent's options: the verifier reads the rung's level,
+    not the presence of options, so a letter never stands for a value there (nor on the open question)."""
+    options = ["450", "456", "465", "546"]
+    for level, expected in (("mcq4", True), ("mcq10", True), ("cloze", False), ("open", False), (None, False)):
+        meta = json.dumps({"level": level, "options": options})
+        assert verify("The answer is (B).", "456", "file", meta=meta, verifier="exact").correct is expected, level
+
+
+def test_cloze_children_pass_the_gate():
+    """Cloze children skipped the gate and its length bounds; now they are judged like every child, and a
+    pattern that hides no digit of the answer reveals it."""
+    from tasks.refine import ladder_child
+
+    long_root = {**ROOT, "text": "What is 123 + 333? " + "Think carefully. " * 250}
+    child, reason = ladder_child(long_root, long_root, "cloze", "r", 1)
+    assert child is not None and reason is not None and reason.startswith("too long"), reason
+    assert check_child("Q\nThe answer should look like: 456", "Q", "456", kind="cloze").startswith("reveals answer")
+    assert check_child("Q\nThe answer should look like: 4__", "Q", "456", kind="cloze") is None
+    assert check_child("Q\nThe answer should look like: 4_", "Q", "456", kind="cloze").startswith("bad pattern")
+    assert check_child("Q\nThe answer should look like: 5__", "Q", "456", kind="cloze").startswith("bad pattern")
+
+
+@pytest.mark.parametrize("n_digits", range(2, 13))
+def test_cloze_masks_50_to_80_percent_of_the_digits_and_keeps_one(n_digits):
+    """ALGORITHMS.md: mask 50-80% of the answer's digits with '_', and keep at least one digit (6-7-digit
+    answers were masked up to 86%)."""
+    answer = "-" + "".join(str((7 * i + 3) % 10) for i in range(n_digits))
+    shares = set()
+    for pid in range(60):
+        pattern = make_cloze(f"p{pid}", "Q", answer).rsplit(": ", 1)[1]
+        masked = pattern.count("_")
+        assert len(pattern) == len(answer) and pattern[0] == "-"
+        assert 0.5 <= masked / n_digits <= 0.8 and masked < n_digits, (answer, pattern)
+        assert all(p == a for p, a in zip(pattern, answer) if p != "_")
+        shares.add(masked)
+    lo, hi = -(-n_digits // 2), (4 * n_digits) // 5
+    assert shares == set(range(lo, hi + 1)), shares  # every admissible count is drawn
