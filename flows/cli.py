@@ -209,6 +209,12 @@ def print_summary(out: dict) -> None:
                       f"{d['groups_generated']} generated in {d['generation_batches']} generation batches; discarded "
                       f"{d['zero_variance']} zero-variance + {d['surplus']} surplus groups ({d['discarded_rollouts']} "
                       f"rollouts, {d['discarded_tokens']} tokens; see discarded_rollouts)" + _short_batch(d))
+        elif s["stage"] == "score":  # rescued groups apart: their replacements train, the buckets are the policy's
+            rescued = dict(s.get("rescued") or {})
+            n = rescued.pop("groups", 0)
+            own = ", ".join(f"{k} {v}" for k, v in sorted(rescued.items()))
+            print(f"round {s['round']}: {s['buckets'].get('informative', 0)} of {s['prompts']} groups informative; "
+                  f"{n} rescued by LoPE (training only; scored on the policy's own samples" + (f": {own})" if n else ")"))
         elif s["stage"] == "select" and "clusters" in s:
             print(f"round {s['round']}: selected {s['selected']} of {s['candidates']} over {s['clusters']} clusters "
                   f"({s['selected_unscored']} never scored; scored ones: mean EPS {s['mean_eps_selected']:.3f} "

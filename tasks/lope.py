@@ -10,6 +10,10 @@ was sampled under, the rendered perturbed prompt (`behaviour_prompt`) and its be
 trainer takes old log-probs under the behaviour prompt and shapes the importance ratio as rho / (rho + 0.1)
 (`is_lope_replaced`, `shaped_ratio`). Kept rollouts of a rescued group record the attempt, so SQL can count
 attempts, rescues and replacements per round.
+
+The rescue feeds training only: a replacement also records the reward of the policy's own sample it displaced
+(`own_reward`), and EPS, buckets, promotion, shaping and the pool read those own samples, so a rescued group
+stays too_hard.
 """
 
 from __future__ import annotations
@@ -83,10 +87,14 @@ def _merge(record: str | None, lope: dict) -> str:
 
 def lope_rescue(backend: Any, messages: list[list[dict]], correct: list[list[bool]], groups: list[list[Completion]],
                 augmentation: list[list[str | None]], sampling: Sampling, verify_one: Any, n_prefixes: int = 6,
-                per_prefix: int = 4, max_groups: int | None = None) -> Rescue:
+                per_prefix: int = 4, max_groups: int | None = None,
+                own_rewards: list[list[float]] | None = None) -> Rescue:
     """Resample every all-fail group (up to `max_groups`, in order) under `n_prefixes` Lorem prefixes x
     `per_prefix` samples in one batched generate call, then replace up to G - 1 failures with the correct
-    resamples, in place (`groups`, `correct`, `augmentation`). `verify_one(i, text) -> (reward, correct)`."""
+    resamples, in place (`groups`, `correct`, `augmentation`). `verify_one(i, text) -> (reward, correct)`.
+    `own_rewards[i][j]`: the reward of the policy's own sample j of group i; a replacement records the one it
+    displaced as `own_reward`, because EPS, buckets and the pool score the policy's own samples only
+    (tasks/utility.py own_samples). Without it, scoring leaves the replaced slots out."""
     stats = Rescue()
     failed = [i for i, c in enumerate(correct) if c and not any(c)]
     if max_groups is not None:
@@ -121,7 +129,8 @@ def lope_rescue(backend: Any, messages: list[list[dict]], correct: list[list[boo
                 correct[i][slot] = True
                 augmentation[i][slot] = _merge(augmentation[i][slot], {
                     "replaced": True, "prefix": p, "prefix_words": len(prefixes[p].split()),
-                    "behaviour_mean_logprob": c.mean_logprob, "behaviour_prompt": behaviour[(i, p)]})
+                    "behaviour_mean_logprob": c.mean_logprob, "behaviour_prompt": behaviour[(i, p)],
+                    **({"own_reward": own_rewards[i][slot]} if own_rewards is not None else {})})
             else:
                 augmentation[i][slot] = _merge(augmentation[i][slot], attempt)
     return stats

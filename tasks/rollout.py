@@ -198,7 +198,8 @@ def collect(store: Store, run_id: str, round: int, policy_version: int, model_cf
         correct = [[v.correct for v in vs] for vs in checked]
         t1 = time.perf_counter()
         rescue = lope_rescue(backend, messages, correct, groups, augs, sampling, verify_one,
-                             rollout_cfg.lope_prefixes, rollout_cfg.lope_samples, rollout_cfg.lope_max_groups)
+                             rollout_cfg.lope_prefixes, rollout_cfg.lope_samples, rollout_cfg.lope_max_groups,
+                             own_rewards=[[v.reward for v in vs] for vs in checked])  # scoring reads these
         rescue.seconds = time.perf_counter() - t1
         for i, group in enumerate(groups):  # the replaced slots take their resample's verdict
             for j, c in enumerate(group):

@@ -16,6 +16,7 @@ from storage.query import scan
 from storage.store import Store, fault_point
 from tasks.mcmc import CONTINUE, Trace, _mean, shape_traces, tokens_changed
 from tasks.reporting import progress_reporter, sig4, timed
+from tasks.utility import own_samples
 
 TEACHER_SOLUTION = """Solve this problem step by step, briefly. Its correct final answer is {answer}; end with
 \\boxed{{{answer}}}.
@@ -24,13 +25,18 @@ Problem:
 {question}"""
 
 
-def _candidates(store: Store, run_id: str, round: int, limit: int) -> pl.DataFrame:
-    """Up to `limit` prompts of this round that the policy did not solve once (mean reward 0), by prompt id."""
+def shaping_candidates(store: Store, run_id: str, round: int, limit: int) -> pl.DataFrame:
+    """Up to `limit` prompts of this round that the policy did not solve once, by prompt id: no correct rollout
+    among its own samples (LoPE replacements are not its own; tasks/utility.py own_samples). Not mean reward 0:
+    a never-solved prompt may still earn partial credit or a format reward."""
     this = (pl.col("run_id") == run_id) & (pl.col("round") == round)
-    scores = scan(store, "prompt_scores").filter(this & (pl.col("mean_reward") <= 0.0)).select("prompt_id")
+    own = own_samples(scan(store, "rollouts").filter(this)).filter(  # the round's policy, not a later rescore
+        pl.col("policy_version") == pl.col("policy_version").min())
+    unsolved = own.group_by("prompt_id").agg(solved=pl.col("correct").any()).filter(~pl.col("solved")).select(
+        "prompt_id")
     prompts = scan(store, "prompts").select("prompt_id", "text", "answer", "solution", "source", "meta").unique(
         "prompt_id")
-    return scores.join(prompts, on="prompt_id").sort("prompt_id").head(limit).collect()
+    return unsolved.join(prompts, on="prompt_id").sort("prompt_id").head(limit).collect()
 
 
 def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cfg: Any, rollout_cfg: Any,
@@ -44,7 +50,7 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
 
     if store.landed(run_id, round, "shape"):
         return {"stage": "shape", "round": round, "skipped": "already landed"}
-    cands = _candidates(store, run_id, round, cfg.max_traces)
+    cands = shaping_candidates(store, run_id, round, cfg.max_traces)
     backend = load_backend(policy, model_cfg.backend, model_cfg.device, model_cfg.dtype, model_cfg.batch_size)
     if not hasattr(backend, "generate_ids"):
         raise ValueError(f"shaping needs a backend with token-level generate_ids/score_ids; "

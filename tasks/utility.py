@@ -7,6 +7,14 @@ polars pass over all groups (stable softmax: the group max is subtracted before 
 
 Buckets (tolerance eps): informative (std > eps and EPS > tau), saturated (all r >= 1 - eps), too_hard
 (all r <= eps), flat (everything else: constant partial credit, or a varied group with EPS <= tau).
+
+Only the policy's own G samples are scored (`own_samples`). LoPE (tasks/lope.py) replaces failures of an
+all-fail group with correct resamples drawn under Lorem-Ipsum prefixes; those feed training only. Scored as
+they are, a group the policy got 0/8 with 6 replacements would read mean 0.75, EPS 0.207, informative, and so
+never count as too hard (no ladder, hint or scaffold, no move to reserve), be promoted, and skip shaping. A
+replacement row records the reward of the own sample it displaced (`own_reward`), and scoring puts that
+sample back; a store written before that was recorded leaves replaced slots out (the group is scored on the
+own samples it kept). The score summary counts rescued groups apart, with their own-sample buckets.
 """
 
 from __future__ import annotations
@@ -24,6 +32,28 @@ GROUP_KEYS = ["run_id", "round", "policy_version", "prompt_id"]
 # (tasks/rescore.py) adds rows of a newer policy_version to the round it rescored, which the next round's pool
 # and selection are meant to read.
 ROUND_OWN_SCORES = "QUALIFY policy_version = min(policy_version) OVER (PARTITION BY run_id, round)"
+
+
+def lope_replaced() -> pl.Expr:
+    """Whether a rollout row is a LoPE replacement (the polars twin of tasks.lope.is_lope_replaced)."""
+    return pl.col("augmentation").str.json_path_match("$.lorem_perturb.replaced").fill_null("false") == "true"
+
+
+def own_samples(rollouts: pl.LazyFrame | pl.DataFrame) -> pl.LazyFrame:
+    """The policy's own samples of each group: a LoPE replacement row stands for the sample it replaced, with
+    that sample's `own_reward` and `correct` false (LoPE only replaces failures); a replacement without a
+    recorded own reward (older stores) is left out. Adds `lope_replaced` (the row was replaced), so callers
+    can count rescued groups."""
+    lf = rollouts.lazy()
+    names = lf.collect_schema().names()
+    if "augmentation" not in names:
+        return lf.with_columns(lope_replaced=pl.lit(False))
+    replaced = pl.col("lope_replaced")
+    own_reward = pl.col("augmentation").str.json_path_match("$.lorem_perturb.own_reward").cast(pl.Float64)
+    own = {"reward": pl.when(replaced).then(own_reward).otherwise(pl.col("reward"))}
+    if "correct" in names:
+        own["correct"] = pl.when(replaced).then(False).otherwise(pl.col("correct"))
+    return lf.with_columns(lope_replaced=lope_replaced()).with_columns(**own).filter(pl.col("reward").is_not_null())
 
 
 def eps_scores(rollouts: pl.LazyFrame | pl.DataFrame, beta: float = 0.5, tau: float = 0.0,
@@ -103,14 +133,20 @@ def next_pool(pool: pl.DataFrame, scores: pl.DataFrame, prompts: pl.DataFrame, r
 
 
 def score(store: Store, run_id: str, round: int, beta: float, tau: float, eps: float) -> dict:
-    """Score stage: EPS and bucket for every group of the round's rollouts -> `prompt_scores`."""
+    """Score stage: EPS and bucket for every group of the round's rollouts, on the policy's own samples ->
+    `prompt_scores`. The summary's `rescued` counts the LoPE-rescued groups and their (own-sample) buckets."""
     if store.landed(run_id, round, "score"):
         return {"stage": "score", "round": round, "skipped": "already landed"}
     rollouts = scan(store, "rollouts").filter((pl.col("run_id") == run_id) & (pl.col("round") == round))
-    scores = eps_scores(rollouts, beta, tau, eps)
+    own = own_samples(rollouts).collect()
+    scores = eps_scores(own, beta, tau, eps)
     store.commit("score", {"prompt_scores": scores.to_arrow()}, run_id=run_id, round=round)
     counts = dict(scores.group_by("bucket").len().iter_rows())
-    return {"stage": "score", "round": round, "prompts": scores.height, "buckets": counts}
+    # from the stored rows: own_samples drops the replaced slots of older stores, yet their groups were rescued
+    rescued = scores.join(rollouts.filter(lope_replaced()).select("prompt_id").unique().collect(), on="prompt_id",
+                          how="semi")
+    return {"stage": "score", "round": round, "prompts": scores.height, "buckets": counts,
+            "rescued": {"groups": rescued.height, **dict(rescued.group_by("bucket").len().sort("bucket").iter_rows())}}
 
 
 @task(name="score")

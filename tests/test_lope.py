@@ -53,6 +53,22 @@ def test_rescue_replaces_up_to_g_minus_1_and_keeps_a_failure(tiny_backend):
     assert augs[2] == [json.dumps({"fewshot_context": ["x"], "p": 0.5})] * g  # untouched
 
 
+def test_a_replacement_records_the_reward_of_the_own_sample_it_replaced(tiny_backend):
+    """Scoring reads the policy's own G samples (tasks/utility.py own_samples), so each replacement keeps the
+    reward of the failure it displaced, e.g. a format reward: slots are replaced from the end."""
+    g = 4
+    groups, correct = _fail_groups(1, g)
+    augs = [[None] * g]
+    own = [[0.0, 0.1, 0.2, 0.3]]
+    lope_rescue(tiny_backend, [[{"role": "user", "content": "What is 1 + 1?"}]], correct, groups, augs,
+                Sampling(0.7, 1.0, 3, seed=1), lambda i, text: (1.0, True), n_prefixes=2, per_prefix=2,
+                own_rewards=own)
+    records = [json.loads(a)["lorem_perturb"] for a in augs[0]]
+    assert [r.get("own_reward") for r in records] == [None, 0.1, 0.2, 0.3]
+    assert [r["replaced"] for r in records] == [False, True, True, True]
+    assert own == [[0.0, 0.1, 0.2, 0.3]]  # read, not rewritten
+
+
 def test_rescue_is_seeded_and_respects_the_group_cap(tiny_backend):
     def run():
         groups, correct = _fail_groups(3, 2)
