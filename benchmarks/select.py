@@ -1,4 +1,4 @@
-"""Selection benchmark (ALGORITHMS.md §4), side by side with the `uniform` baseline in one run.
+"""Selection benchmark (docs/algorithms.md §4), side by side with the `uniform` baseline in one run.
 
 Setup: cached embeddings for --pool prompts (default 200,000; 384-wide, the MiniLM width, drawn around 256
 topic centres so the pool has real cluster structure), with EPS scores for half of them (higher in some

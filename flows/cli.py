@@ -1,4 +1,4 @@
-"""`refinery`: the command-line contract of DESIGN.md.
+"""`refinery`: the command-line contract users and scripts rely on (README.md, "The CLI").
 
 Every command takes --store DIR|URI (default $REFINERY_STORE, else ./refinery-store). Exit code 0 on
 success; otherwise non-zero with the reason on stderr. Prefect is imported lazily, after its home has been

@@ -91,7 +91,7 @@ class RolloutConfig(Section):
 
 
 class SelectConfig(Section):
-    """Which prompts a round collects for (ALGORITHMS.md §4). 'all' collects the whole pool."""
+    """Which prompts a round collects for (docs/algorithms.md §4). 'all' collects the whole pool."""
 
     selector: Literal["kmeans", "uniform", "dapo_filter", "all"] = Field(
         "kmeans", description="kmeans: EPS-weighted clusters of prompt embeddings; uniform: at random; "
@@ -114,7 +114,7 @@ class SelectConfig(Section):
 
 
 class RefineConfig(Section):
-    """Refinement of too-hard, flat and saturated prompts into children (ALGORITHMS.md §3)."""
+    """Refinement of too-hard, flat and saturated prompts into children (docs/algorithms.md §3)."""
 
     strategies: list[Literal["ladder", "teacher_scaffold", "hint_prefix", "harden"]] = Field(
         default_factory=lambda: ["ladder", "teacher_scaffold", "hint_prefix", "harden"],
@@ -151,7 +151,7 @@ class RefineConfig(Section):
 
 
 class ShapeConfig(Section):
-    """MCMC on-policy shaping of off-policy traces (ALGORITHMS.md §5)."""
+    """MCMC on-policy shaping of off-policy traces (docs/algorithms.md §5)."""
 
     enabled: bool = Field(True, description="shape traces for prompts the policy cannot solve yet")
     variant: Literal["mh", "greedy"] = Field("mh", description="mh: Metropolis-Hastings acceptance; greedy: "
@@ -165,7 +165,7 @@ class ShapeConfig(Section):
 
 
 class TrainConfig(Section):
-    """The GRPO round (ALGORITHMS.md §6). Each round that trains writes a new policy version."""
+    """The GRPO round (docs/algorithms.md §6). Each round that trains writes a new policy version."""
 
     enabled: bool = Field(True, description="train a new policy version every round")
     mode: Literal["full", "lora"] = Field("full", description="full fine-tune, or LoRA adapters (merged on save)")

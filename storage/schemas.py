@@ -1,6 +1,6 @@
 """The experience store's tables: explicit pyarrow schemas (types and nullability).
 
-Column names are a contract with users' SQL (DESIGN.md): columns may be added, never renamed.
+Column names are a contract with users' SQL (README.md, "The experience store"): columns may be added, never renamed.
 JSON-valued columns (`config`, `params`, `meta`, `teacher_call`) hold JSON strings.
 `run_id` is a string, `round` a 0-based int, `policy_version` an int per run (0 = starting model).
 """
@@ -174,7 +174,7 @@ TABLES: dict[str, pa.Schema] = {
         _f("response", pa.string()),
         _f("created_at", TS),
     ]),
-    # Selection's cache and state (ALGORITHMS.md §4): one vector per (prompt, embedder), and each round's
+    # Selection's cache and state (docs/algorithms.md §4): one vector per (prompt, embedder), and each round's
     # k-means centroids, from which the next round warm-starts.
     "embeddings": pa.schema([
         _f("prompt_id", pa.string()),

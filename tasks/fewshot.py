@@ -1,4 +1,4 @@
-"""fewshot_context (CBRL, arXiv 2603.18953; ALGORITHMS.md §3): a rollout-time augmentation.
+"""fewshot_context (CBRL, arXiv 2603.18953; docs/algorithms.md §3): a rollout-time augmentation.
 
 In round t of T, each prompt gets, with probability p_t = p0 * (1 - t / T), k solved demonstrations as
 earlier chat turns: correct stored rollouts of *sibling* prompts from this run's earlier rounds. A sibling has

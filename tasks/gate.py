@@ -1,4 +1,4 @@
-"""The validity gate every refined child passes before it enters the pool (ALGORITHMS.md §3).
+"""The validity gate every refined child passes before it enters the pool (docs/algorithms.md §3).
 
 Every rejection reason reads `<category>: <detail>`, and the category (the text before the first colon) is
 one of a fixed set, so SQL counts rejections per category with `split_part(reason, ':', 1)`:

@@ -1,4 +1,4 @@
-"""GRPO (ALGORITHMS.md §6) on plain torch: the loss, advantages and one training pass. No store, no Prefect,
+"""GRPO (docs/algorithms.md §6) on plain torch: the loss, advantages and one training pass. No store, no Prefect,
 so a worker that only has torch and transformers (a GPU box, a torchrun rank) can import it; the train stage
 (tasks/train.py) feeds it from the store. See tasks/train.py for the method's summary.
 

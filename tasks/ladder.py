@@ -1,4 +1,4 @@
-"""The format ladder (Cog-DRIFT, arXiv 2604.04767; ALGORITHMS.md §3): mcq4 < mcq10 < cloze < open.
+"""The format ladder (Cog-DRIFT, arXiv 2604.04767; docs/algorithms.md §3): mcq4 < mcq10 < cloze < open.
 
 A too-hard open prompt enters at mcq4. When a variant's mean reward exceeds the promotion threshold in a
 round, its lineage moves one step harder: the next variant becomes active and the easier one is retired;

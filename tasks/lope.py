@@ -1,4 +1,4 @@
-"""lorem_perturb (LoPE, arXiv 2605.05566; ALGORITHMS.md §3): a rollout-time rescue of all-fail groups.
+"""lorem_perturb (LoPE, arXiv 2605.05566; docs/algorithms.md §3): a rollout-time rescue of all-fail groups.
 
 A group whose G rollouts all failed carries no GRPO signal. LoPE resamples it under G' = P * S perturbed
 contexts (P Lorem-Ipsum system prefixes of 100-300 words, S samples each). Correct resamples replace up to

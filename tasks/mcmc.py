@@ -1,4 +1,4 @@
-"""MCMC on-policy shaping of off-policy traces (ALGORITHMS.md §5; arXiv 2610.02140, 2510.14901), on plain torch.
+"""MCMC on-policy shaping of off-policy traces (docs/algorithms.md §5; arXiv 2610.02140, 2510.14901), on plain torch.
 
 An off-policy trace y for prompt x (a reference solution, or a teacher's) is moved towards the policy's own
 distribution while it keeps a verified answer: the chain targets p_C(y) ∝ π(y | x) 1[y ∈ C], C = the traces
@@ -10,8 +10,8 @@ privileged trace is only in the proposal's context). Acceptance
     A = min(1, π(y'|x) κ(y|y') / (π(y|x) κ(y'|y)))
       = min(1, exp([π(s'|x,y_<i) - π(s|x,y_<i)] + [q(s|c,y_<i) - q(s'|c,y_<i)]) * |y| / |y'|),
 with s, s' the old and new suffixes and q the proposal model in context c. The prefix terms cancel; the cut
-point's 1/|y| vs 1/|y'| does not when the lengths differ, so that factor is kept (ALGORITHMS.md says it
-cancels; it only does for equal lengths). Proposals outside C are rejected without scoring. The greedy
+point's 1/|y| vs 1/|y'| does not when the lengths differ, so that factor is kept (docs/algorithms.md §5).
+Proposals outside C are rejected without scoring. The greedy
 variant accepts iff the mean per-token log-prob under π rises.
 
 Batched: every step makes ONE generate call for all traces' proposals and ONE score call for their terms.

@@ -1,4 +1,4 @@
-"""Pool stage: the run's prompt membership for a round (ALGORITHMS.md §2).
+"""Pool stage: the run's prompt membership for a round (docs/algorithms.md §2).
 
 Round 0 lands the configured sources (ingestion is idempotent: content-addressed ids) and makes their
 prompts active, except a held-out share (status 'heldout', fixed for the run; tasks/evaluate.py). Later rounds derive membership from the previous round's pool and scores

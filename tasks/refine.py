@@ -1,4 +1,4 @@
-"""Refine stage: turn prompts the policy cannot use into children that it can (ALGORITHMS.md §3).
+"""Refine stage: turn prompts the policy cannot use into children that it can (docs/algorithms.md §3).
 
 Routing, per the round's scores:
 - too_hard / flat originals -> the format ladder (enter at mcq4), teacher_scaffold, hint_prefix;

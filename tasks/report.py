@@ -1,4 +1,4 @@
-"""Per-run reports (PNG plots + index.html) and each round's Prefect artifacts (DESIGN.md, Flows).
+"""Per-run reports (PNG plots + index.html) and each round's Prefect artifacts (README.md, `refinery run`).
 
 `write_report` draws a run's story from the store:
     pass_rate.png   per-prompt pass rate (prompt_scores.mean_reward), by round

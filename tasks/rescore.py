@@ -1,4 +1,4 @@
-"""Rescore stage: re-probe a finished run's reserve pool with its newest checkpoint (DESIGN.md, `rescore`).
+"""Rescore stage: re-probe a finished run's reserve pool with its newest checkpoint (docs/algorithms.md §2).
 
 Originals that stop being informative go to reserve (`utility.next_pool`); a policy that has since improved
 may find some of them informative again. This stage samples G completions for every reserve prompt of the
@@ -6,7 +6,7 @@ run's last round with the newest checkpoint, scores them (EPS, bucket), and land
 `rescore-v<version>` of that round: rollouts (augmentation `{"rescore": {...}}`, policy_version = the
 checkpoint) and prompt_scores. When the run is extended, round r+1's pool is derived from round r's scores
 as usual, so a reserve prompt whose EPS now exceeds tau comes back as active; the others stay in reserve for
-a later rescore (DESIGN.md also says "retires the rest"; the issue asks only to reactivate, and retiring would
+a later rescore (the original design also said "retires the rest"; the issue asks only to reactivate, and retiring would
 make the next night's rescore with a better checkpoint pointless).
 
 Only a completed run is rescored: its last round has trained and evaluated, so nothing of that round reads

@@ -1,4 +1,4 @@
-"""Select stage: k-means diverse selection ("Diversify and Conquer", arXiv 2409.11378; ALGORITHMS.md §4),
+"""Select stage: k-means diverse selection ("Diversify and Conquer", arXiv 2409.11378; docs/algorithms.md §4),
 with the remaining gap measured by EPS, plus the `uniform` and `dapo_filter` baselines behind one interface.
 
 kmeans: embed the candidates; K = min(k_max, ceil(n/8)) clusters, warm-started from last round's centroids

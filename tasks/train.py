@@ -1,4 +1,4 @@
-"""Train stage: one GRPO round on the round's rollouts (ALGORITHMS.md §6), plus an SFT term on shaped traces.
+"""Train stage: one GRPO round on the round's rollouts (docs/algorithms.md §6), plus an SFT term on shaped traces.
 
 - Advantages per group: A_i = (r_i - mean r) / (std r + 1e-6) (population std; `scale_std=false` is Dr.GRPO).
   Zero-variance groups carry no gradient: they are counted and never forwarded.

@@ -1,5 +1,5 @@
-"""Prompt utility: the Exploration Potential Score and buckets (arXiv 2609.15051 §2.2; ALGORITHMS.md §1),
-and the pool's per-round status (ALGORITHMS.md §2).
+"""Prompt utility: the Exploration Potential Score and buckets (arXiv 2609.15051 §2.2; docs/algorithms.md §1),
+and the pool's per-round status (docs/algorithms.md §2).
 
 EPS(x) = sum_i softmax(r/beta)_i * r_i - mean(r): the gain of the KL-regularised improved policy over the
 current one, estimated on the group GRPO already sampled. It is 0 for constant groups. Computed in one

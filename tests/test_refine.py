@@ -164,7 +164,7 @@ def test_cloze_children_pass_the_gate():
 
 @pytest.mark.parametrize("n_digits", range(2, 13))
 def test_cloze_masks_50_to_80_percent_of_the_digits_and_keeps_one(n_digits):
-    """ALGORITHMS.md: mask 50-80% of the answer's digits with '_', and keep at least one digit (6-7-digit
+    """docs/algorithms.md §3.2: mask 50-80% of the answer's digits with '_', and keep at least one digit (6-7-digit
     answers were masked up to 86%)."""
     answer = "-" + "".join(str((7 * i + 3) % 10) for i in range(n_digits))
     shares = set()

@@ -7,7 +7,7 @@ import pytest
 from storage.query import scan
 from tasks.utility import eps_scores, next_pool
 
-# ALGORITHMS.md §1: EPS for G = 8 binary rewards with k successes
+# docs/algorithms.md §1: EPS for G = 8 binary rewards with k successes
 BETA_TABLE = {
     0.25: [0, .761, .698, .595, .482, .364, .244, .122, 0],
     0.5: [0, .389, .461, .441, .381, .300, .207, .106, 0],
