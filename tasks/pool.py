@@ -3,6 +3,8 @@
 Round 0 lands the configured sources (ingestion is idempotent: content-addressed ids) and makes their
 prompts active, except a held-out share (status 'heldout', fixed for the run; tasks/evaluate.py). Later rounds derive membership from the previous round's pool and scores
 (`utility.next_pool`): non-informative originals go to reserve, reserve prompts that recover come back.
+The scores it reads are the policy's own samples (`utility.own_samples`): a LoPE-rescued group counts as
+too_hard, so its original moves to reserve rather than staying active on its replacements.
 """
 
 from __future__ import annotations

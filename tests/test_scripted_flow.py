@@ -289,6 +289,21 @@ def test_lope_rescues_all_fail_groups_with_correct_resamples(run):
     scored = {s["round"]: s["rescued"] for s in out["stages"] if s["stage"] == "score"}
     assert scored == {rd: {"groups": len(rescued.get(rd, ())), **({"too_hard": len(rescued[rd])} if rd in rescued
                                                                    else {})} for rd in range(3)}
+    import contextlib
+    import io
+
+    from flows.cli import print_summary
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_summary(out)  # what `refinery run` prints: per round, rescued groups apart from informative ones
+    lines = [x for x in printed.getvalue().splitlines() if "rescued by LoPE" in x]
+    stages = {s["round"]: s for s in out["stages"] if s["stage"] == "score"}
+    assert [x.split(":")[0] for x in lines] == ["round 0", "round 1", "round 2"], lines
+    for rd, x in enumerate(lines):
+        n = len(rescued.get(rd, ()))
+        assert f"{stages[rd]['buckets'].get('informative', 0)} of {stages[rd]['prompts']} groups informative; " \
+               f"{n} rescued by LoPE" in x and (f"own samples: too_hard {n})" in x if n else x.endswith("samples)")), x
 
 
 def test_fewshot_context_comes_from_solved_siblings(run):
@@ -325,7 +340,8 @@ def test_grpo_trains_on_the_mixed_groups(run):
 
 
 def test_each_round_samples_the_checkpoint_the_last_one_trained(run):
-    """Round 1's rollouts were scored by checkpoint v1 (not the base model), and v1's weights moved."""
+    """Round 1's rollouts were scored by checkpoint v1 (not the base model), at the sampling temperature
+    (rollout.temperature 0.7, as generate reports them), and v1's weights moved."""
     from safetensors.torch import load_file
 
     from models.hf import TransformersBackend
@@ -340,7 +356,8 @@ def test_each_round_samples_the_checkpoint_the_last_one_trained(run):
                        AND round = 1 AND policy_version = 1 AND augmentation IS NULL AND finish_reason = 'stop'
                        ORDER BY prompt_id, sample_idx LIMIT 1""")[0]
     def mean_lp(path):
-        lp = TransformersBackend(path, dtype="fp32").score([row["prompt_text"]], [row["completion"]])[0]
+        b = TransformersBackend(path, dtype="fp32")
+        lp = b.score_ids(b.encode([row["prompt_text"]]), b.encode([row["completion"]]), temperature=0.7)[0]
         return sum(lp) / len(lp)
 
     assert mean_lp(paths[1]) == pytest.approx(row["mean_logprob"], abs=1e-4)
