@@ -10,15 +10,26 @@ privileged trace is only in the proposal's context). Acceptance
     A = min(1, π(y'|x) κ(y|y') / (π(y|x) κ(y'|y)))
       = min(1, exp([π(s'|x,y_<i) - π(s|x,y_<i)] + [q(s|c,y_<i) - q(s'|c,y_<i)]) * |y| / |y'|),
 with s, s' the old and new suffixes and q the proposal model in context c. The prefix terms cancel; the cut
-point's 1/|y| vs 1/|y'| does not when the lengths differ, so that factor is kept (docs/algorithms.md §5).
-Proposals outside C are rejected without scoring. The greedy
-variant accepts iff the mean per-token log-prob under π rises.
+point's 1/|y| vs 1/|y'| does not when the lengths differ, so that factor is kept. Proposals outside C are
+rejected without scoring. The greedy variant accepts iff the mean per-token log-prob under π rises.
+
+Reversibility. The proposal samples at most L = max_new_tokens tokens, so κ(s' | c, y_<i) is q(s' | c, y_<i)
+for a complete suffix (ending in end-of-sequence) of at most L tokens, EOS included, and 0 for any other.
+Hence, in both directions:
+- a proposal cut off by the limit (or one longer than L) is not a complete trace, outside the target's
+  support: rejected, for both variants, so no cut trace ever becomes the chain's state (nor training data);
+- MH: a move whose OLD suffix is longer than L, or has no EOS, could never be generated back (κ(y|y') = 0,
+  log A = -inf): rejected whatever the log-probs say, decided from the cut point alone, before generating.
+  Without this the unconstrained q(s|c,y_<i) stands in for a probability that is 0. The greedy variant is
+  an optimiser, not a sampler, and needs no reverse move.
+A start without EOS (a trace cut before it ended) is therefore never shaped: no move from it is reversible,
+and an incomplete trace is not in the target's support. Each trace counts its rejections for either reason.
 
 Batched: every step makes ONE generate call for all traces' proposals and ONE score call for their terms.
 π(s | x, y_<i) of the current trace comes from a per-trace cache of its token log-probs, so only the new
 suffix is scored under π. All randomness (cut points, acceptance uniforms, the suffix tokens via keyed
 sampling) is drawn per trace, so a trace's chain is the same batched or alone (`shape_traces(batched=False)`).
-Traces are token ids ending in end-of-sequence when the trace ended; scores include that token.
+Traces are token ids, ending in end-of-sequence when complete; scores include that token.
 """
 
 from __future__ import annotations
@@ -35,8 +46,10 @@ from models.backend import Sampling
 CONTINUE = "Continue this partial answer in your own words."
 @dataclass
 class Trace:
-    """One chain: the plain prompt's ids, the proposal context's ids, the current trace and its per-token
-    log-probs under π, and its own random stream."""
+    """One chain: the plain prompt's ids, the proposal context's ids, the current trace (ending in EOS when
+    complete) and its per-token log-probs under π, and its own random stream. `rejected_irreversible` and
+    `rejected_cut` count the proposals rejected because the move could not be reversed or the proposal was
+    cut by the length limit."""
 
     key: str
     prompt_ids: list[int]
@@ -48,6 +61,8 @@ class Trace:
     start_lp: list[float] = field(default_factory=list)
     accepted: int = 0
     proposed: int = 0
+    rejected_irreversible: int = 0
+    rejected_cut: int = 0
     decisions: list[bool] = field(default_factory=list)
     rng: random.Random | None = None
 
@@ -75,20 +90,43 @@ def mh_log_accept(pi_new: float, pi_old: float, q_old: float, q_new: float, len_
     return (pi_new - pi_old) + (q_old - q_new) + math.log(len_old / len_new)
 
 
-def _step(backend: Any, traces: list[Trace], step: int, variant: str, max_new_tokens: int, eos: int) -> None:
+def proposable(suffix: list[int], eos_ids: list[int], max_new_tokens: int) -> bool:
+    """Whether the length-limited proposal can generate `suffix`: complete (its last token, and only that,
+    is end-of-sequence) and at most `max_new_tokens` tokens long, EOS included.
+
+    >>> proposable([5, 6, 2], [2], 3), proposable([5, 6, 2], [2], 2), proposable([5, 6, 7], [2], 8)
+    (True, False, False)
+    """
+    return (0 < len(suffix) <= max_new_tokens and suffix[-1] in eos_ids
+            and not any(tok in eos_ids for tok in suffix[:-1]))
+
+
+def _step(backend: Any, traces: list[Trace], step: int, variant: str, max_new_tokens: int,
+          eos_ids: list[int]) -> None:
     """One MCMC step for every trace: one batched generate call, one batched score call."""
     cuts = [t.rng.randrange(len(t.ids)) for t in traces]
     us = [t.rng.random() for t in traces]
     seeds = [t.rng.getrandbits(31) for t in traces]
-    prompts = [t.context_ids + t.ids[:i] for t, i in zip(traces, cuts)]
-    out = backend.generate_ids(prompts, 1, Sampling(1.0, 1.0, max_new_tokens, step), row_seeds=seeds)
-    news = []
-    for t, i, g in zip(traces, cuts, out):
-        c = g[0]
-        suffix = list(c.token_ids) + ([eos] if c.finish_reason == "stop" else [])
-        new = t.ids[:i] + suffix
+    for t in traces:
         t.proposed += 1
-        news.append((new, suffix) if suffix and t.in_c(new) else None)
+    # MH: a move whose old suffix the proposal could never generate back has A = 0 whatever y' is, so it is
+    # rejected from the cut point alone, and nothing is generated for it
+    movable = [k for k, (t, i) in enumerate(zip(traces, cuts))
+               if variant != "mh" or proposable(t.ids[i:], eos_ids, max_new_tokens)]
+    for k in set(range(len(traces))) - set(movable):
+        traces[k].rejected_irreversible += 1
+    out = backend.generate_ids([traces[k].context_ids + traces[k].ids[:cuts[k]] for k in movable], 1,
+                               Sampling(1.0, 1.0, max_new_tokens, step),
+                               row_seeds=[seeds[k] for k in movable]) if movable else []
+    news: list[tuple[list[int], list[int]] | None] = [None] * len(traces)
+    for k, g in zip(movable, out):
+        t, i, c = traces[k], cuts[k], g[0]
+        suffix = list(c.token_ids) + [eos_ids[0]]
+        if c.finish_reason != "stop" or not proposable(suffix, eos_ids, max_new_tokens):
+            t.rejected_cut += 1  # cut by the limit: not a complete trace
+            continue
+        new = t.ids[:i] + suffix
+        news[k] = (new, suffix) if t.in_c(new) else None
     live = [k for k, n in enumerate(news) if n is not None]
     score_p, score_c = [], []
     for k in live:
@@ -123,12 +161,14 @@ def _step(backend: Any, traces: list[Trace], step: int, variant: str, max_new_to
 
 def shape_traces(backend: Any, traces: list[Trace], steps: int, variant: str = "mh", max_new_tokens: int = 64,
                  batched: bool = True, on_step=None) -> list[Trace]:
-    """Run `steps` MCMC steps on every trace in C (the others are left as they are). Batched: one generate
-    and one score call per step for all traces; otherwise the same chains one trace at a time."""
+    """Run `steps` MCMC steps on every complete trace (ending in EOS) in C; the others are left as they are,
+    unscored. Batched: one generate and one score call per step for all traces; otherwise the same chains
+    one trace at a time."""
     if variant not in ("mh", "greedy"):
         raise ValueError(f"variant must be mh or greedy, got {variant!r}")
-    eos = backend.eos_ids[0]
-    live = [t for t in traces if t.ids and t.in_c(t.ids)]
+    eos_ids = list(backend.eos_ids)
+    # a start without EOS is a cut trace: outside the target's support, and no move from it is reversible
+    live = [t for t in traces if t.ids and t.ids[-1] in eos_ids and t.in_c(t.ids)]
     groups = [live] if batched else [[t] for t in live]
     for g in groups:
         if not g:
@@ -138,7 +178,7 @@ def shape_traces(backend: Any, traces: list[Trace], steps: int, variant: str = "
     for s in range(steps):
         for g in groups:
             if g:
-                _step(backend, g, s, variant, max_new_tokens, eos)
+                _step(backend, g, s, variant, max_new_tokens, eos_ids)
         if on_step:
             on_step(s)
     return traces

@@ -1,97 +1,179 @@
-"""MCMC shaping on the tiny model: the acceptance rule against an independent computation of the MH
-formula, C is never left, the greedy variant never lowers the mean log-prob, and batched == one at a time."""
+"""MCMC shaping: the acceptance rule against an independent computation of the MH formula, reversibility
+(a move whose old suffix the length-limited proposal could not generate back is rejected, and so is a
+proposal the length limit cut off), C is never left, the greedy variant never lowers the mean log-prob, and
+batched == one at a time.
+
+The tiny random model practically never samples end-of-sequence, so every proposal it makes is cut by the
+length limit. Where a move has to be able to succeed, the scripted policy proposes instead: complete,
+model-like suffixes (scripted text) with the tiny model's real token log-probs."""
 
 import math
+import random
 
 import pytest
 
 from models.backend import Sampling
 from tasks.mcmc import Trace, shape_traces, tokens_changed
 
+QUESTION = "What is 2 + 3?"
+LONG = ("We add the two numbers. Two plus three: 2 + 3 = 5. Checking: 5 - 3 = 2, which is right. "
+        "So the answer is \\boxed{5}.")  # 44 tokens + EOS: most cut points leave an old suffix above a limit of 24
 
-def _setup(backend, n, in_c, start_len=5):
-    x = backend.encode([backend.render([{"role": "user", "content": "What is 2 + 3?"}])])[0]
-    c = backend.encode([backend.render([{"role": "user", "content": "What is 2 + 3?\n\nReference solution:\n"
+
+@pytest.fixture(scope="module")
+def scripted(tiny_backend):
+    """The scripted policy on the tiny random model's weights (shared with tiny_backend, fp32)."""
+    from models.registry import resolve
+    from models.scripted import ScriptedBackend
+
+    return ScriptedBackend(resolve("tiny-random"), dtype="fp32", batch_size=16, model=tiny_backend.model,
+                           tokenizer=tiny_backend.tokenizer)
+
+
+def _setup(backend, n, in_c, start="2 + 3 = 5 so", ended=True):
+    """n chains from the same start: its token ids, plus end-of-sequence when `ended` (a complete trace)."""
+    x = backend.encode([backend.render([{"role": "user", "content": QUESTION}])])[0]
+    c = backend.encode([backend.render([{"role": "user", "content": f"{QUESTION}\n\nReference solution:\n"
                                          "2 + 3 = 5.\n\nContinue this partial answer in your own words."}])])[0]
-    start = backend.encode(["2 + 3 = 5 so"])[0][:start_len]
-    return [Trace(f"t{k}", x, c, list(start), in_c) for k in range(n)], x, c, start
+    y = backend.encode([start])[0] + ([backend.eos_ids[0]] if ended else [])
+    return [Trace(f"t{k}", x, c, list(y), in_c) for k in range(n)], x, c, y
 
 
-def test_acceptance_matches_the_mh_formula(tiny_backend):
-    """200 one-step chains from the same start, everything in C. Each decision is recomputed independently:
-    the same per-chain draws, the proposal regenerated alone, and A from FULL-sequence scores,
-    A = [pi(y'|x) (1/|y'|) q(s|c,y<i)] / [pi(y|x) (1/|y|) q(s'|c,y<i)]. Every decision must agree, and the
-    empirical acceptance rate must match the mean of min(1, A)."""
-    import random
+LIMIT = 24
 
-    b = tiny_backend
-    traces, x, c, y = _setup(b, 200, lambda ids: True)
-    shape_traces(b, traces, steps=1, variant="mh", max_new_tokens=4)
+
+@pytest.fixture(scope="module")
+def one_step_chains(scripted):
+    """120 one-step MH chains from the 45-token LONG trace with a proposal limit of 24 tokens, everything in
+    C, and for each chain an independent recomputation: the same per-chain draws, the proposal regenerated
+    alone, and the unconstrained MH ratio from FULL-sequence scores,
+    A = [pi(y'|x) (1/|y'|) q(s|c,y<i)] / [pi(y|x) (1/|y|) q(s'|c,y<i)]."""
+    b = scripted
     eos = b.eos_ids[0]
+    traces, x, c, y = _setup(b, 120, lambda ids: True, start=LONG)
+    shape_traces(b, traces, steps=1, variant="mh", max_new_tokens=LIMIT)
     draws = []
     for t in traces:
         rng = random.Random(t.rng_seed)
         draws.append((rng.randrange(len(y)), rng.random(), rng.getrandbits(31)))
-    # the proposals again, in one call (keyed sampling: the same tokens as inside the chains)
-    gens = b.generate_ids([c + y[:i] for i, _, _ in draws], 1, Sampling(1.0, 1.0, 4, 0),
+    gens = b.generate_ids([c + y[:i] for i, _, _ in draws], 1, Sampling(1.0, 1.0, LIMIT, 0),
                           row_seeds=[sd for _, _, sd in draws])
-    news = []
-    for (i, _, _), g in zip(draws, gens):
-        s_new = list(g[0].token_ids) + ([eos] if g[0].finish_reason == "stop" else [])
-        news.append((i, s_new, y[:i] + s_new))
-    pi = b.score_ids([x] * (len(news) + 1), [y] + [yn for _, _, yn in news])
-    pi_old, pi_new = sum(pi[0]), [sum(v) for v in pi[1:]]
-    q = b.score_ids([c + y[:i] for i, _, _ in news] * 2, [y[i:] for i, _, _ in news] + [sn for _, sn, _ in news])
-    q_old, q_new = [sum(v) for v in q[: len(news)]], [sum(v) for v in q[len(news):]]
-    expected, agree = [], 0
-    for k, (t, (_, u, _), (_, _, y_new)) in enumerate(zip(traces, draws, news)):
-        a = math.exp(pi_new[k] - math.log(len(y_new)) + q_old[k] - (pi_old - math.log(len(y)) + q_new[k]))
-        expected.append(min(1.0, a))
-        agree += t.decisions[0] == (u < a)
-    assert agree >= 199  # float rounding may flip a decision sitting exactly on the boundary
-    rate = sum(t.decisions[0] for t in traces) / len(traces)
-    mean_a = sum(expected) / len(expected)
+    rows = []
+    for t, (i, u, _), g in zip(traces, draws, gens):
+        s_new = list(g[0].token_ids) + [eos]
+        rows.append({"trace": t, "cut": i, "u": u, "s_new": s_new, "y_new": y[:i] + s_new,
+                     "old_suffix": len(y) - i,
+                     # the proposal ended by itself (EOS) within the limit: a complete trace it can generate
+                     "complete": g[0].finish_reason == "stop" and len(s_new) <= LIMIT})
+    pi = b.score_ids([x] * (len(rows) + 1), [y] + [r["y_new"] for r in rows])
+    q = b.score_ids([c + y[:r["cut"]] for r in rows] * 2, [y[r["cut"]:] for r in rows] + [r["s_new"] for r in rows])
+    for k, r in enumerate(rows):
+        log_a = (sum(pi[k + 1]) - math.log(len(r["y_new"])) + sum(q[k])
+                 - (sum(pi[0]) - math.log(len(y)) + sum(q[len(rows) + k])))
+        r["a_formula"] = math.exp(min(0.0, log_a))
+    return rows
+
+
+def test_acceptance_matches_the_mh_formula(one_step_chains):
+    """On reversible moves (old suffix within the limit, proposal complete) every decision agrees with the
+    recomputed formula, and the empirical acceptance rate matches the mean of min(1, A)."""
+    movable = [r for r in one_step_chains if r["old_suffix"] <= LIMIT and r["complete"]]
+    assert len(movable) >= 40
+    agree = sum(r["trace"].decisions[0] == (r["u"] < r["a_formula"]) for r in movable)
+    assert agree >= len(movable) - 1  # float rounding may flip a decision sitting exactly on the boundary
+    rate = sum(r["trace"].decisions[0] for r in movable) / len(movable)
+    mean_a = sum(r["a_formula"] for r in movable) / len(movable)
+    print(f"{len(movable)} reversible moves: acceptance {rate:.3f}, mean min(1, A) {mean_a:.3f}")
     assert 0.05 < mean_a < 0.95  # a case where acceptance is a real decision
-    assert rate == pytest.approx(mean_a, abs=3 * math.sqrt(mean_a * (1 - mean_a) / len(traces)) + 0.01)
+    assert rate == pytest.approx(mean_a, abs=3 * math.sqrt(mean_a * (1 - mean_a) / len(movable)) + 0.01)
 
 
-def test_a_trace_outside_c_is_never_accepted(tiny_backend):
+def test_an_irreversible_move_is_rejected_whatever_the_logprobs_say(one_step_chains):
+    """A cut point that leaves an old suffix longer than the proposal limit: the proposal can never generate
+    it back (kappa(y|y') = 0), so the move is rejected, although the unconstrained ratio would accept many."""
+    irreversible = [r for r in one_step_chains if r["old_suffix"] > LIMIT]
+    assert len(irreversible) >= 40
+    would_accept = [r for r in irreversible if r["complete"] and r["u"] < r["a_formula"]]
+    assert len(would_accept) >= 5  # the log-probs alone say accept
+    print(f"{len(one_step_chains)} chains: {len(irreversible)} irreversible, {len(would_accept)} of them "
+          "accepted by the unconstrained ratio")
+    assert not any(r["trace"].decisions[0] for r in irreversible)
+    assert all(r["trace"].ids == r["trace"].start_ids for r in irreversible)
+    assert sum(r["trace"].rejected_irreversible for r in one_step_chains) == len(irreversible)
+
+
+def test_a_chain_from_a_trace_without_eos_never_moves(scripted):
+    """An incomplete start (cut, no end-of-sequence token): every old suffix lacks EOS, so no move from it
+    is reversible, and the trace is not in the target's support: it is not shaped, and so never lands as
+    kept. The same start with EOS (control) does move under the same log-probs."""
+    cut, *_, y = _setup(scripted, 12, lambda ids: True, ended=False)
+    shape_traces(scripted, cut, steps=3, variant="mh", max_new_tokens=64)
+    assert all(t.accepted == 0 and t.ids == y and not t.lp for t in cut)
+    assert all(t.proposed == 0 for t in cut)
+    ended, *_ = _setup(scripted, 12, lambda ids: True, ended=True)
+    shape_traces(scripted, ended, steps=3, variant="mh", max_new_tokens=64)
+    assert sum(t.accepted for t in ended) > 0
+
+
+def test_a_length_cut_proposal_is_rejected(tiny_backend, scripted):
+    """The tiny model does not end a suffix within 9 tokens: with the limit at the start's length (9, so
+    every move is reversible) every proposal is cut by the limit, and every move is rejected.
+    With scripted proposals of 14-21 tokens + EOS and a limit of 16, the cut ones are rejected while complete
+    ones can be accepted, and every trace still ends in EOS (what training appends to it is then right)."""
+    eos = tiny_backend.eos_ids[0]
+    traces, *_, y = _setup(tiny_backend, 10, lambda ids: True)
+    shape_traces(tiny_backend, traces, steps=3, variant="mh", max_new_tokens=len(y))
+    assert all(t.accepted == 0 and t.ids == y and t.proposed == 3 for t in traces)
+    assert sum(t.rejected_cut for t in traces) == 30
+    mixed, *_ = _setup(scripted, 16, lambda ids: True)
+    shape_traces(scripted, mixed, steps=3, variant="mh", max_new_tokens=16)
+    assert sum(t.rejected_cut for t in mixed) > 0 and sum(t.accepted for t in mixed) > 0
+    assert all(t.ids[-1] == eos and eos not in t.ids[:-1] for t in mixed)
+
+
+def test_a_trace_outside_c_is_never_accepted(scripted):
     start_ids = {}
 
     def only_start(ids):
         return tuple(ids) == start_ids["y"]
 
-    traces, *_ , y = _setup(tiny_backend, 6, only_start)
+    traces, *_, y = _setup(scripted, 6, only_start)
     start_ids["y"] = tuple(y)
-    shape_traces(tiny_backend, traces, steps=4, variant="mh", max_new_tokens=4)
+    shape_traces(scripted, traces, steps=4, variant="mh", max_new_tokens=64)
     assert all(t.accepted == 0 and t.ids == y and t.proposed == 4 for t in traces)
     # and a chain whose start is not in C is not run at all
-    outside, *_ = _setup(tiny_backend, 2, lambda ids: False)
-    shape_traces(tiny_backend, outside, steps=3, variant="mh", max_new_tokens=4)
+    outside, *_ = _setup(scripted, 2, lambda ids: False)
+    shape_traces(scripted, outside, steps=3, variant="mh", max_new_tokens=64)
     assert all(t.proposed == 0 and not t.lp for t in outside)
 
 
-def test_greedy_never_lowers_the_mean_logprob(tiny_backend):
-    traces, x, *_ = _setup(tiny_backend, 8, lambda ids: True, start_len=6)
+def test_greedy_never_lowers_the_mean_logprob(scripted):
+    traces, x, *_ = _setup(scripted, 8, lambda ids: True, start=LONG)
     means = []
-    shape_traces(tiny_backend, traces, steps=6, variant="greedy", max_new_tokens=4,
+    shape_traces(scripted, traces, steps=6, variant="greedy", max_new_tokens=LIMIT,
                  on_step=lambda s: means.append([sum(t.lp) / len(t.lp) for t in traces]))
     for before, after in zip(means, means[1:]):
         assert all(a >= b - 1e-9 for a, b in zip(after, before))
     assert sum(t.accepted for t in traces) > 0
     for t in traces:  # the cached log-probs are the policy's: an independent full re-score agrees
-        full = tiny_backend.score_ids([x], [t.ids])[0]
+        full = scripted.score_ids([x], [t.ids])[0]
         assert sum(full) / len(full) == pytest.approx(sum(t.lp) / len(t.lp), abs=1e-4)
         assert sum(t.lp) / len(t.lp) >= sum(t.start_lp) / len(t.start_lp)
 
 
-def test_batched_and_one_at_a_time_make_the_same_decisions(tiny_backend):
-    a, *_ = _setup(tiny_backend, 6, lambda ids: True)
-    b, *_ = _setup(tiny_backend, 6, lambda ids: True)
-    shape_traces(tiny_backend, a, steps=3, variant="mh", max_new_tokens=4, batched=True)
-    shape_traces(tiny_backend, b, steps=3, variant="mh", max_new_tokens=4, batched=False)
+def test_batched_and_one_at_a_time_make_the_same_decisions(scripted):
+    """With a limit of 16, moves are rejected for each reason (irreversible, cut, the MH draw) and some are
+    accepted: the chains are the same whether run together or alone."""
+    a, *_ = _setup(scripted, 8, lambda ids: True, start=LONG)
+    b, *_ = _setup(scripted, 8, lambda ids: True, start=LONG)
+    shape_traces(scripted, a, steps=4, variant="mh", max_new_tokens=16, batched=True)
+    shape_traces(scripted, b, steps=4, variant="mh", max_new_tokens=16, batched=False)
     assert [t.decisions for t in a] == [t.decisions for t in b]
     assert [t.ids for t in a] == [t.ids for t in b]
+    assert [(t.rejected_irreversible, t.rejected_cut) for t in a] == [(t.rejected_irreversible, t.rejected_cut)
+                                                                     for t in b]
+    assert sum(t.accepted for t in a) > 0
+    assert sum(t.rejected_irreversible for t in a) > 0 and sum(t.rejected_cut for t in a) > 0
 
 
 def test_tokens_changed():
