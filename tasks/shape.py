@@ -1,6 +1,8 @@
 """Shape stage: picks the round's unsolved prompts, builds their off-policy traces (reference solutions, or
 teacher solutions that verify), runs the batched MCMC of tasks/mcmc.py under the round's policy with the
-verifier deciding membership of C, and lands `shaped_traces`."""
+verifier deciding membership of C, and lands `shaped_traces`. A start trace longer than
+4 x shape.max_new_tokens tokens is cut there, incomplete (no end-of-sequence), and not shaped; the summary
+counts such starts and the moves rejected as irreversible or as cut by the proposal limit (tasks/mcmc.py)."""
 
 from __future__ import annotations
 
@@ -92,7 +94,11 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
             return verify(body, r["answer"], r["source"], r["text"], r["meta"], reward_cfg.verifier,
                           reward_cfg.strict, reward_cfg.format_weight).correct
 
-        ids = tok(text, add_special_tokens=False)["input_ids"][: 4 * cfg.max_new_tokens] + [eos]
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        cap = 4 * cfg.max_new_tokens  # the longest start trace shaped
+        # a trace cut at the cap is incomplete: no EOS, so it is not shaped and never lands as correct (the
+        # train stage appends EOS to every correct trace, which for a cut one would teach a false ending)
+        ids = ids + [eos] if len(ids) <= cap else ids[:cap]
         key = f"{run_id}\x1f{round}\x1f{r['prompt_id']}\x1f{origin}\x1f{cfg.seed}"
         traces.append(Trace(key, prompt_ids, backend.encode([ctx])[0], ids, in_c))
         meta.append((r["prompt_id"], origin, text))
@@ -118,6 +124,9 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
     kept = [r for r in rows if r["correct"]]
     return {"stage": "shape", "round": round, "traces": len(rows), "in_c": len(kept), "teacher_calls": calls,
             "teacher_unavailable": unavailable,
+            "cut_starts": sum(not t.ids or t.ids[-1] != eos for t in traces),
+            "irreversible": sum(t.rejected_irreversible for t in traces),  # MH moves rejected: no reverse move
+            "cut_proposals": sum(t.rejected_cut for t in traces),  # proposals cut by the length limit
             "accept_rate": sig4(_mean([r["accept_rate"] for r in kept])) if kept else None,
             "logprob_gain": sig4(_mean([r["end_logprob"] - r["start_logprob"] for r in kept])) if kept else None,
             "seconds": sig4(time.perf_counter() - t0)}

@@ -179,3 +179,51 @@ def test_batched_and_one_at_a_time_make_the_same_decisions(scripted):
 def test_tokens_changed():
     assert tokens_changed([1, 2, 3], [1, 2, 3]) == 0
     assert tokens_changed([1, 2, 3], []) == 3
+
+
+def test_a_reference_cut_at_the_trace_cap_is_not_shaped_nor_trained_on(store):
+    """The shape stage caps a start trace at 4 x shape.max_new_tokens tokens. A reference solution longer
+    than that is a cut trace: it gets no end-of-sequence token, is not shaped (even though its answer, stated
+    early, still verifies), and does not land as `correct`, which is what the train stage's SFT term reads,
+    so training never appends EOS to a cut trace. A short reference in the same round is shaped as usual."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from flows.config import load_config
+    from storage.ids import prompt_id
+    from storage.query import sql
+    from tasks.shape import shape
+
+    cfg = load_config(sets=["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32",
+                            "model.batch_size=16", "shape.max_new_tokens=8", "shape.steps=2",
+                            "shape.teacher_traces=false"], run_id="cap", store=store.root)
+    rows = [("What is 2 + 3?", "5", "2 + 3 = 5, so the answer is \\boxed{5}."),  # 15 tokens: under the cap
+            ("What is 4 + 4?", "8", "The answer is \\boxed{8}. " + "Indeed 4 + 4 = 8. " * 12)]  # > 32 tokens
+    ids = [prompt_id(q, a, "test") for q, a, _ in rows]
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    store.commit("ingest", {"prompts": pa.table({
+        "prompt_id": ids, "text": [q for q, _, _ in rows], "answer": [a for _, a, _ in rows],
+        "solution": [s for *_, s in rows], "source": ["test"] * 2, "root_id": ids,
+        "transform": ["original"] * 2, "created_at": [now] * 2})})
+    # unsolved this round: every one of the policy's 4 samples wrong (both in the rollouts and their scores)
+    store.commit("rollout", {"rollouts": pa.table({
+        "run_id": ["cap"] * 8, "round": [0] * 8, "policy_version": [0] * 8, "prompt_id": [p for p in ids for _ in range(4)],
+        "sample_idx": [j for _ in ids for j in range(4)], "prompt_text": ["q"] * 8, "completion": ["\\boxed{0}"] * 8,
+        "reward": [0.0] * 8, "correct": [False] * 8, "n_tokens": [5] * 8, "finish_reason": ["stop"] * 8})},
+        run_id="cap", round=0)
+    store.commit("score", {"prompt_scores": pa.table({
+        "run_id": ["cap"] * 2, "round": [0] * 2, "policy_version": [0] * 2, "prompt_id": ids, "n": [4] * 2,
+        "mean_reward": [0.0] * 2, "std_reward": [0.0] * 2, "eps": [0.0] * 2, "bucket": ["too_hard"] * 2})},
+        run_id="cap", round=0)
+    out = shape(store, "cap", 0, "tiny-random", cfg.shape, cfg.model, cfg.rollout, cfg.reward, cfg.refine)
+    got = {r["prompt_id"]: r for r in sql(store, "SELECT * FROM shaped_traces WHERE run_id = 'cap'").to_pylist()}
+    short, cut = got[ids[0]], got[ids[1]]
+    assert short["correct"] and short["steps"] == 2 and short["start_logprob"] is not None
+    assert not cut["correct"] and cut["steps"] == 0 and cut["start_logprob"] is None and cut["accept_rate"] is None
+    assert [r["prompt_id"] for r in sql(store, "SELECT prompt_id FROM shaped_traces WHERE correct").to_pylist()] \
+        == [ids[0]]
+    assert out["traces"] == 2 and out["in_c"] == 1 and out["cut_starts"] == 1
+    # with an 8-token limit every move of the short trace is rejected, and counted: its scripted suffixes
+    # (14+ tokens) are cut, or its cut point leaves an old suffix longer than 8 (irreversible)
+    assert out["cut_proposals"] + out["irreversible"] == 2 and short["accept_rate"] == 0
