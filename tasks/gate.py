@@ -319,7 +319,7 @@ def mean_logprobs(backend, texts: list[str]) -> list[float]:
     marker = "\x00CONTENT\x00"
     rendered = backend.render([{"role": "user", "content": marker}])
     prefix = rendered.split(marker)[0] if marker in rendered else ""
-    scores = backend.score([prefix] * len(texts), texts)
+    scores = backend.score([prefix] * len(texts), texts)  # T = 1: fluency under the model itself, no sampler
     return [sum(s) / len(s) if s else float("-inf") for s in scores]
 
 

@@ -116,7 +116,7 @@ def _step(backend: Any, traces: list[Trace], step: int, variant: str, max_new_to
     for k in set(range(len(traces))) - set(movable):
         traces[k].rejected_irreversible += 1
     out = backend.generate_ids([traces[k].context_ids + traces[k].ids[:cuts[k]] for k in movable], 1,
-                               Sampling(1.0, 1.0, max_new_tokens, step),
+                               Sampling(1.0, 1.0, max_new_tokens, step),  # T = 1: kappa samples pi_ref itself
                                row_seeds=[seeds[k] for k in movable]) if movable else []
     news: list[tuple[list[int], list[int]] | None] = [None] * len(traces)
     for k, g in zip(movable, out):
