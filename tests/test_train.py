@@ -57,7 +57,7 @@ CFG = SimpleNamespace(lr=1e-3, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_
 def _learn(target_rewarded: bool, rounds: int = 2) -> list[float]:
     """Sample 16 prompts x 8 one-token answers at T = 0.3 from a fresh tiny model, reward the answers that are
     (or, when not target_rewarded, are not) token 1866 (the tiny model's likeliest first token, about 20% of
-    samples), run a GRPO round, repeat. Returns the share of token 1866 before each round and at the end."""
+    samples), run a GRPO round at the same T = 0.3, repeat. Returns the share of token 1866 before each round and at the end."""
     from transformers import AutoModelForCausalLM
 
     from models.backend import Sampling
@@ -89,7 +89,7 @@ def _learn(target_rewarded: bool, rounds: int = 2) -> list[float]:
 
 def test_grpo_learns_a_fixed_token_and_unlearns_it_when_the_sign_flips():
     up = _learn(target_rewarded=True)
-    assert 0.1 < up[0] < 0.35 and up[-1] > 0.75  # measured: 0.21 -> 0.84 -> 0.93
+    assert 0.1 < up[0] < 0.35 and up[-1] > 0.75  # measured, trainer at T = 0.3: 0.27 -> 0.84 -> 1.0
     down = _learn(target_rewarded=False)
     assert down[0] == up[0] and down[-1] < 0.05
 
