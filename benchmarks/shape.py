@@ -4,7 +4,8 @@ chains run one trace at a time, side by side, on the same traces and seeds.
 Traces: --traces reference solutions "a * b = c. The answer is \\boxed{c}." for the default pool's 1-digit
 products, shaped under the embedded default policy with the reasoning-gym verifier deciding membership of C.
 Both runs draw the same per-trace randomness (cut points, acceptance uniforms, keyed suffix sampling), so
-they should make the same accept/reject decisions; the script prints how many of them agree.
+they should make the same accept/reject decisions; the script prints how many of them agree, and how many
+moves were rejected as irreversible (old suffix longer than --max-new-tokens) or as cut by that limit.
 Reports proposal tokens/s (tokens generated + tokens scored, per second of wall time) of each, and the ratio
 (target >= 4x). Medians over --repeats.
 
@@ -72,6 +73,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"batched": [], "one_at_a_time": []}
     toks: dict[str, int] = {}
     decisions: dict[str, list] = {}
+    rejected: dict[str, tuple[int, int]] = {}
     for rep in range(a.repeats):
         for mode in ("batched", "one_at_a_time"):
             traces = make_traces(b, a.traces)
@@ -90,6 +92,7 @@ def main() -> None:
             b.generate_ids = orig
             toks[mode] = generated[0]
             decisions[mode] = [t.decisions for t in traces]
+            rejected[mode] = (sum(t.rejected_irreversible for t in traces), sum(t.rejected_cut for t in traces))
         print(f"repeat {rep}: " + ", ".join(f"{k} {v[-1]:.1f} s" for k, v in times.items()))
     flat = [(x, y) for da, db in zip(decisions["batched"], decisions["one_at_a_time"]) for x, y in zip(da, db)]
     agree = sum(x == y for x, y in flat)
@@ -98,7 +101,8 @@ def main() -> None:
     for k in med:
         print(f"{k:>14}: median {med[k]:.1f} s, {toks[k]} proposal tokens, {toks[k] / med[k]:.1f} proposal tokens/s")
     print(f"speed-up batched vs one at a time: {med['one_at_a_time'] / med['batched']:.2f}x (target >= 4x)")
-    print(f"decisions agreeing: {agree} / {len(flat)} (accepted {accepted})")
+    print(f"decisions agreeing: {agree} / {len(flat)} (accepted {accepted}; rejected as irreversible "
+          f"{rejected['batched'][0]}, as cut by the length limit {rejected['batched'][1]})")
 
 
 if __name__ == "__main__":
