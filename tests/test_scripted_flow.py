@@ -307,13 +307,16 @@ def test_lope_rescues_all_fail_groups_with_correct_resamples(run):
 
 
 def test_fewshot_context_comes_from_solved_siblings(run):
+    """Demonstrations are solved prompts of the same source from earlier rounds, never of the prompt's own
+    lineage (its rungs and hints share its answer), although this run offers such solved kin."""
     store, _ = run
-    rows = q(store, f"""SELECT r.round, r.prompt_id, p.source, r.correct, r.prompt_text, r.augmentation
-                        FROM rollouts r JOIN (SELECT DISTINCT prompt_id, source FROM prompts) p USING (prompt_id)
+    rows = q(store, f"""SELECT r.round, r.prompt_id, p.source, p.root_id, r.correct, r.prompt_text, r.augmentation
+                        FROM rollouts r JOIN (SELECT DISTINCT prompt_id, source, root_id FROM prompts) p
+                        USING (prompt_id)
                         WHERE r.run_id = '{RUN}' AND r.augmentation LIKE '%fewshot_context%'""")
     assert rows and any(r["correct"] for r in rows)
-    solved = q(store, f"""SELECT DISTINCT r.round, r.prompt_id, p.source, p.text FROM rollouts r
-                          JOIN (SELECT DISTINCT prompt_id, source, text FROM prompts) p USING (prompt_id)
+    solved = q(store, f"""SELECT DISTINCT r.round, r.prompt_id, p.source, p.root_id, p.text FROM rollouts r
+                          JOIN (SELECT DISTINCT prompt_id, source, root_id, text FROM prompts) p USING (prompt_id)
                           WHERE r.run_id = '{RUN}' AND r.correct AND r.augmentation IS NULL""")
     for r in rows:
         demos = json.loads(r["augmentation"])["fewshot_context"]
@@ -321,7 +324,11 @@ def test_fewshot_context_comes_from_solved_siblings(run):
         for d in demos:
             earlier = [s for s in solved if s["prompt_id"] == d and s["round"] < r["round"]]
             assert earlier and earlier[0]["source"] == r["source"] and earlier[0]["text"] in r["prompt_text"]
+            assert earlier[0]["root_id"] != r["root_id"], (r["prompt_id"], d)  # never its own lineage
         assert read_prompt(r["prompt_text"]).demonstrations == len(demos)
+    kin = [r for r in rows if any(s["root_id"] == r["root_id"] and s["prompt_id"] != r["prompt_id"]
+                                  and s["round"] < r["round"] for s in solved)]
+    assert kin  # the rule was exercised: a solved rung or hint of the same root was there to be (wrongly) shown
 
 
 def test_grpo_trains_on_the_mixed_groups(run):
