@@ -52,6 +52,7 @@ from tasks.gate import (
 )
 from tasks.ladder import LEVELS, distractor_payload, make_cloze, make_mcq, next_level, parse_distractors
 from tasks.reporting import timed
+from tasks.utility import lope_replaced
 
 TEACHER_TEMPLATE = """You are helping a student who keeps failing this problem.
 
@@ -248,7 +249,10 @@ def refine(store: Store, run_id: str, round: int, cfg: Any, teacher: Any | None,
     prompts = scan(store, "prompts").unique("prompt_id").collect()
     by_id = {r["prompt_id"]: r for r in prompts.iter_rows(named=True)}
     scored = scores.join(prompts.select("prompt_id", "transform"), on="prompt_id").sort("prompt_id")
-    rollouts = scan(store, "rollouts").filter(this).select("prompt_id", "reward", "completion").collect()
+    # the teacher is shown the student's own attempts: LoPE replacements were sampled under a perturbed
+    # prompt and train the policy only (docs/algorithms.md §3)
+    rollouts = (scan(store, "rollouts").filter(this & ~lope_replaced()).sort("prompt_id", "sample_idx")
+                .select("prompt_id", "reward", "completion").collect())
     groups = {k[0]: g.to_dicts() for k, g in rollouts.group_by("prompt_id")}
     in_pool = set(scan(store, "pool").filter(this).select("prompt_id").collect()["prompt_id"])
     cache = teacher_cache(store) if teacher is not None else {}

@@ -280,3 +280,44 @@ def test_policy_teacher_scaffolds_stay_off_unless_asked(store):
     on = refine_task.fn(store.uri, "b", 0, cfg.model_copy(update={"scaffolds_from_policy": True}), model)
     assert on["teacher_calls"] == 2 and on["children"] == 0 and "teacher_scaffold" not in on
     assert sum(on["rejections"].values()) == 2 == sum(_rejections_in_sql(store, "b").values())
+
+
+class RecordingTeacher(CountingTeacher):
+    """The tiny model, keeping every prompt it was asked."""
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self.asked: list[str] = []
+
+    def generate(self, prompts, n, sampling, progress=None):
+        self.asked += prompts
+        return super().generate(prompts, n, sampling)
+
+
+def test_the_teacher_sees_the_students_own_attempts_not_lope_rescues(store, tiny_backend):
+    """A LoPE replacement was sampled under a Lorem-Ipsum prefix and trains the policy only: the teacher_scaffold
+    payload shows the policy's own (failed) attempts, never the rescue's correct completion."""
+    import polars as pl
+
+    from tasks.utility import eps_scores
+
+    p = _original("Solve the following multiplication: 7 * 8.", "56")
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    store.commit("seed-a", {"prompts": pa.Table.from_pylist([dict(p, created_at=now)])})
+    rescue = json.dumps({"lorem_perturb": {"replaced": True, "own_reward": 0.0}})
+    rows = [{"run_id": "a", "round": 0, "policy_version": 0, "prompt_id": p["prompt_id"], "sample_idx": j,
+             "prompt_text": p["text"], "completion": (f"RESCUED {j}: the answer is \\boxed{{56}}" if j >= 2
+                                                      else f"I think {j}"),
+             "reward": 1.0 if j >= 2 else 0.0, "correct": j >= 2, "n_tokens": 3, "mean_logprob": -1.0,
+             "finish_reason": "stop", "augmentation": rescue if j >= 2 else None} for j in range(4)]
+    table = pa.Table.from_pylist(rows)
+    store.commit("collect", {"rollouts": table}, run_id="a", round=0)
+    store.commit("pool", {"pool": pa.table({"run_id": ["a"], "round": [0], "prompt_id": [p["prompt_id"]],
+                                            "status": ["active"]})}, run_id="a", round=0)
+    own = pl.from_arrow(table).with_columns(pl.lit(0.0).alias("reward"), pl.lit(False).alias("correct"))
+    store.commit("score", {"prompt_scores": eps_scores(own).to_arrow()}, run_id="a", round=0)
+    teacher = RecordingTeacher(tiny_backend)
+    refine(store, "a", 0, RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=8), teacher)
+    assert len(teacher.asked) == 1
+    assert "I think 0" in teacher.asked[0] and "I think 1" in teacher.asked[0]
+    assert "RESCUED" not in teacher.asked[0]
