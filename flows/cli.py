@@ -180,7 +180,8 @@ def _short_batch(dapo: dict) -> str:
     """The tail of a dapo_filter round's line when its batch came up short, and why."""
     if not dapo["short"]:
         return ""
-    why = (f"the cap of {dapo['max_batches']} generation batches was hit" if dapo["cap_hit"]
+    why = (f"the cap of {dapo['max_batches']} generation batch{'es' * (dapo['max_batches'] != 1)} was hit"
+           if dapo["cap_hit"]
            else "every candidate was generated")
     return f"; the batch is SHORT by {dapo['short']} groups ({why})"
 
@@ -206,7 +207,8 @@ def print_summary(out: dict) -> None:
                       f"(rollouts.verify_timeout)")
             if d := s.get("dapo"):
                 print(f"round {s['round']}: dapo_filter kept {d['kept']} of B = {d['batch_size']} groups from "
-                      f"{d['groups_generated']} generated in {d['generation_batches']} generation batches; discarded "
+                      f"{d['groups_generated']} generated in {d['generation_batches']} generation batch"
+                      f"{'es' * (d['generation_batches'] != 1)}; discarded "
                       f"{d['zero_variance']} zero-variance + {d['surplus']} surplus groups ({d['discarded_rollouts']} "
                       f"rollouts, {d['discarded_tokens']} tokens; see discarded_rollouts)" + _short_batch(d))
         elif s["stage"] == "score":  # rescued groups apart: their replacements train, the buckets are the policy's

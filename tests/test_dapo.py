@@ -179,6 +179,25 @@ def test_the_cap_leaves_the_batch_short_and_says_so(store):
     assert d["kept"] < 6 and d["short"] == 6 - d["kept"] and d["cap_hit"]
     n = q(store, "SELECT count(DISTINCT prompt_id) AS n FROM rollouts WHERE run_id = 'c'")[0]["n"]
     assert n == d["kept"] == out["prompts"]
+    from flows.cli import _short_batch
+
+    assert _short_batch(d) == f"; the batch is SHORT by {d['short']} groups (the cap of 1 generation batch was hit)"
+
+
+def test_when_no_group_varies_nothing_is_kept_and_every_group_is_charged(store, tmp_path):
+    """Questions the scripted policy can never solve: every group is all wrong, the candidates run out, the
+    round keeps no rollout (the train stage then has nothing to do) and discards all of them."""
+    import json
+
+    src = tmp_path / "never.jsonl"
+    src.write_text("".join(json.dumps({"question": f"Name the number {w}.", "answer": str(i)}) + "\n"
+                           for i, w in enumerate(["one", "two", "three", "four", "five"])))
+    out = _select_and_collect(store, "e", scripted_dapo(f'pool.sources=[{{"source": "{src}"}}]'))
+    d = out["dapo"]
+    assert (d["kept"], d["short"], d["exhausted"], d["cap_hit"], d["zero_variance"]) == (0, 6, True, False, 5)
+    assert q(store, "SELECT count(*) AS n FROM rollouts WHERE run_id = 'e'") == [{"n": 0}]
+    assert q(store, """SELECT count(*) AS n, sum(n_tokens) AS tokens FROM discarded_rollouts
+                       WHERE run_id = 'e'""") == [{"n": 20, "tokens": out["tokens"]}]
 
 
 def test_a_short_dapo_filter_run_shows_its_discards_in_sql(prefect_api, tmp_path):
@@ -211,4 +230,3 @@ def test_a_short_dapo_filter_run_shows_its_discards_in_sql(prefect_api, tmp_path
     assert [x.split(":")[0] for x in lines] == ["round 0", "round 1"], lines
     for x, r in zip(lines, spent):
         assert f"({r['rollouts']} rollouts, {r['tokens']} tokens; see discarded_rollouts)" in x, x
-    print({(s["round"], s["stage"]): s.get("timing", {}).get("compute_s") for s in out["stages"]})
