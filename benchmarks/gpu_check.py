@@ -109,7 +109,8 @@ def check_correctness(tiny: str) -> dict:
 def make_traces(b, n: int, length: int) -> list[Trace]:
     x = b.encode(prompts_for(b, n))
     ctx = b.encode([p + "Reference: 7 * 8 = 56." for p in prompts_for(b, n)])
-    start = b.encode(["so 7 * 8 = 56 and the answer is 56."])[0][:length]
+    # a start trace is a complete one, ending in EOS: a chain never moves from a cut trace (irreversible)
+    start = b.encode(["so 7 * 8 = 56 and the answer is 56."])[0][:length] + [b.eos_ids[0]]
     return [Trace(f"gpu{k}", x[k], ctx[k], list(start), lambda ids: True) for k in range(n)]
 
 
