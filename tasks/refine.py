@@ -211,6 +211,9 @@ def ask_teacher(store: Store, teacher: Any, payloads: dict[str, str], cache: dic
         if time.monotonic() - last_landed >= LAND_EVERY_S:
             land()
 
+    def collect_answer(key: str, text: str) -> None:  # a local batch lands whole: no commit split by timing
+        returned.append((key, text.strip()))
+
     def messages(key: str) -> list[dict]:
         return [{"role": "user", "content": payloads[key]}]
 
@@ -225,7 +228,7 @@ def ask_teacher(store: Store, teacher: Any, payloads: dict[str, str], cache: dic
             batch = missing[i : i + step]
             groups = teacher.generate([teacher.render(messages(k)) for k in batch], 1, sampling(batch))
             for k, g in zip(batch, groups):
-                on_answer(k, g[0].text, None)
+                collect_answer(k, g[0].text)
             land()
     land()
     return fresh, failed

@@ -94,6 +94,27 @@ def test_local_teacher_lands_batch_by_batch(store, tiny_backend):
     fresh, failed = ask_teacher(store, teacher, {f"k{i}": f"Say {i}." for i in range(5)}, {}, 4)
     assert teacher.batches == [(2, 0), (2, 2), (1, 4)] and len(fresh) == 5 and not failed
     assert sorted(_landed_keys(store)) == [f"k{i}" for i in range(5)]
+    # one commit per batch, however long the generate call took: a split by timing made the landed-stage list
+    # of a resumed run differ from an uninterrupted one's (the SIGKILL fault tests compare them)
+    assert sum(r["stage"].startswith("teacher-") for r in store.records()) == 3
+
+
+def test_a_slow_local_batch_still_lands_as_one_commit(store, tiny_backend, monkeypatch):
+    import tasks.refine
+
+    monkeypatch.setattr(tasks.refine, "LAND_EVERY_S", 0.0)  # every answer is "late"
+
+    class Teacher:
+        name, batch_size = "tiny-teacher", 3
+
+        def render(self, messages):
+            return tiny_backend.render(messages)
+
+        def generate(self, prompts, n, sampling, progress=None):
+            return tiny_backend.generate(prompts, n, sampling)
+
+    fresh, _ = ask_teacher(store, Teacher(), {f"k{i}": f"Say {i}." for i in range(6)}, {}, 4)
+    assert len(fresh) == 6 and sum(r["stage"].startswith("teacher-") for r in store.records()) == 2
 
 
 def test_refine_stage_falls_back_per_prompt_when_the_teacher_is_down(store):
