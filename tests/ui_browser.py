@@ -31,7 +31,7 @@ Choices, and why:
   click on Prefect's select button did not open its options in headless Chromium 156.
 - The run's state is read from the REST API, while the page shows the same run: the API gives an exact state
   name where the page gives a badge to parse.
-- Serve's environment drops the caller's PREFECT_HOME, PREFECT_API_URL and REFINERY_STORE (a pytest session sets
+- Serve's environment drops every PREFECT_* setting of the caller and REFINERY_STORE (a pytest session sets
   them) and has the worker poll every second, as tests/test_deploy.py does, so a run starts within seconds.
 """
 
@@ -129,8 +129,12 @@ class Serve:
     def __init__(self, store: Path, port: int, log: Path):
         self.store, self.port, self.log = store, port, log
         self.url = f"http://127.0.0.1:{port}"
-        self.env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "PREFECT_API_URL", "REFINERY_STORE")}
-        self.env |= {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
+        # a user's shell, not the caller's: every PREFECT_* setting of a pytest session goes (an in-process CLI
+        # call leaves PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL=CRITICAL behind, and the worker then never took
+        # the submitted run), and so does REFINERY_STORE
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_") and k != "REFINERY_STORE"}
+        self.env |= {"PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1",
+                     "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
         self.proc: subprocess.Popen | None = None
         self.seen: dict[int, object] = {}  # every descendant ever seen (psutil.Process), flow-run processes included
 
