@@ -21,6 +21,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from flows.prefect_home import prefect_home
+
 READ_COMMANDS = ("sql", "lineage", "report", "eval", "catalog", "rescore")  # refused on a store that is not there
 
 
@@ -32,14 +34,6 @@ class CliError(ValueError):
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
         self.hint = hint
-
-
-def prefect_home(store: str) -> Path:
-    """$PREFECT_HOME, else <store>/.prefect for a local store (./.prefect for a remote one)."""
-    if os.environ.get("PREFECT_HOME"):
-        return Path(os.environ["PREFECT_HOME"]).expanduser().resolve()
-    local = "://" not in store or store.startswith("file://")
-    return ((Path(store.removeprefix("file://")) if local else Path.cwd()) / ".prefect").resolve()
 
 
 def _prepare_prefect(store_uri: str, verbose: bool, console: bool = False) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 from flows import sessions
-from flows.cli import prefect_home  # one rule for every command: $PREFECT_HOME, else <store>/.prefect
+from flows.prefect_home import prefect_home  # one rule for every command and serve
 from flows.sessions import Child
 
 REPO = Path(__file__).resolve().parents[1]  # the folder holding prefect.yaml

@@ -7,7 +7,7 @@ misses, digit swaps, results of a wrong operation) and, when a teacher is config
 (`distractor_payload`, `parse_distractors`; its answers come first, topped up by programmatic ones); none
 may verify as correct (checked here and again by the gate). The correct letter cycles
 over positions across the pool (by a hash of the prompt id), so no position is favoured. A letter stands for
-its option's value only on an mcq rung (`mcq_options`, read by the verifier); a cloze rung's answer is the
+its option's value only on an mcq rung (`tasks.rewards.mcq_options`, read by the verifier); a cloze rung's answer is the
 value. The cloze pattern masks a count of digits drawn uniformly from those that keep 50-80% masked and at
 least one digit shown.
 """
@@ -15,14 +15,12 @@ least one digit shown.
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 
-from tasks.rewards import exact_match
+from tasks.rewards import LETTERS, exact_match
 
 LEVELS = ("mcq4", "mcq10", "cloze", "open")
-LETTERS = "ABCDEFGHIJ"
 
 
 def next_level(level: str) -> str | None:
@@ -137,26 +135,3 @@ def make_cloze(prompt_id: str, question: str, answer: str) -> str | None:
     return f"{question}\nThe answer should look like: {pattern}"
 
 
-MCQ_LEVELS = ("mcq4", "mcq10")
-
-
-def mcq_options(meta: str | dict | None) -> list[str]:
-    """The options a bare letter may stand for: a multiple-choice rung's, and none on any other prompt. A cloze
-    or open rung is answered with the value, even if its stored meta carries a parent's options (cloze
-    children made before their meta started from the root's inherited their mcq10 parent's).
-
-    >>> mcq_options('{"level": "mcq4", "options": ["1", "2"]}'), mcq_options('{"level": "cloze", "options": ["1"]}')
-    (['1', '2'], [])
-    """
-    meta = json.loads(meta) if isinstance(meta, str) else (meta or {})
-    return list(meta.get("options") or []) if meta.get("level") in MCQ_LEVELS else []
-
-
-def option_value(pred: str | None, options: list[str]) -> str | None:
-    """Map a bare option letter ('B', '(B)') to its value; anything else passes through."""
-    if pred is None:
-        return None
-    m = re.fullmatch(r"\(?([A-J])\)?\.?", pred.strip())
-    if m and LETTERS.index(m.group(1)) < len(options):
-        return options[LETTERS.index(m.group(1))]
-    return pred

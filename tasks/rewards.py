@@ -300,6 +300,34 @@ def rg_score(pred: str | None, ref: str, task: str, question: str, meta: str | N
     return min(1.0, max(0.0, float(score or 0.0)))
 
 
+# How a bare letter is read on the format ladder's multiple-choice rungs (tasks/ladder.py makes them): the
+# verifier needs it, so it lives here and the ladder imports it (one direction: ladder -> rewards).
+LETTERS = "ABCDEFGHIJ"
+MCQ_LEVELS = ("mcq4", "mcq10")
+
+
+def mcq_options(meta: str | dict | None) -> list[str]:
+    """The options a bare letter may stand for: a multiple-choice rung's, and none on any other prompt. A cloze
+    or open rung is answered with the value, even if its stored meta carries a parent's options (cloze
+    children made before their meta started from the root's inherited their mcq10 parent's).
+
+    >>> mcq_options('{"level": "mcq4", "options": ["1", "2"]}'), mcq_options('{"level": "cloze", "options": ["1"]}')
+    (['1', '2'], [])
+    """
+    meta = json.loads(meta) if isinstance(meta, str) else (meta or {})
+    return list(meta.get("options") or []) if meta.get("level") in MCQ_LEVELS else []
+
+
+def option_value(pred: str | None, options: list[str]) -> str | None:
+    """Map a bare option letter ('B', '(B)') to its value; anything else passes through."""
+    if pred is None:
+        return None
+    m = re.fullmatch(r"\(?([A-J])\)?\.?", pred.strip())
+    if m and LETTERS.index(m.group(1)) < len(options):
+        return options[LETTERS.index(m.group(1))]
+    return pred
+
+
 def verify(
     completion: str,
     answer: str,
@@ -315,8 +343,6 @@ def verify(
     `math_timeout` seconds; a timeout scores 0 and sets `timed_out`)."""
     pred = extract_answer(completion, strict=strict)
     if meta and '"options"' in meta:  # on an mcq rung (only) a bare letter stands for its option's value
-        from tasks.ladder import mcq_options, option_value
-
         pred = option_value(pred, mcq_options(meta))
     kind = verifier if verifier != "auto" else ("rg" if source.startswith("rg:") else "math")
     timed_out = False

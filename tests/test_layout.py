@@ -40,3 +40,44 @@ def test_console_script_is_the_cli():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["scripts"]["refinery"] == "flows.cli:main"
     assert meta["project"]["name"] == "curriculum-refinery"
+
+
+def _project_imports() -> dict[str, set[str]]:
+    """module -> the project modules it imports anywhere in its file (lazy imports inside functions too)."""
+    modules = {".".join(f.relative_to(ROOT).with_suffix("").parts): f
+               for pkg in ("flows", "tasks", "storage", "models") for f in (ROOT / pkg).rglob("*.py")
+               if f.name != "__init__.py"}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, f in modules.items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from flows import sessions` imports flows.sessions; `from tasks.x import f` imports tasks.x
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            graph[mod] |= {t for t in targets if t in modules and t != mod}
+    return graph
+
+
+def test_no_import_cycles_between_project_modules():
+    """A cycle (cli <-> serve, ladder <-> rewards were two) makes import order matter and layers invisible; lazy
+    imports hid both, so imports inside functions count too."""
+    graph = _project_imports()
+    assert len(graph) > 30 and graph["flows.serve"] and graph["tasks.ladder"]
+    cycles, state = [], {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = "open"
+        for n in sorted(graph[m]):
+            if state.get(n) == "open":
+                cycles.append(" -> ".join(path[path.index(n):] + [n]))
+            elif n not in state:
+                visit(n, path + [n])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles: " + "; ".join(cycles)
