@@ -36,7 +36,8 @@ from pathlib import Path
 
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*\$?([^\n$]*?)\$?\s*(?:\.(?!\d)|$|\n)", re.IGNORECASE)
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
-_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+_NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:/\d+)?")
+_LATEX_MATH = re.compile(r"\\[dt]?frac|\\sqrt|\\pi|\^")  # an "answer is" phrase math-verify should parse whole
 MAX_VERIFY_CHARS = 2_000  # longer extracted answers are wrong for our sources, and slow to parse
 MATH_VERIFY_TIMEOUT_S = 5.0
 log = logging.getLogger("refinery.verify")
@@ -116,13 +117,26 @@ def extract_answer(text: str, strict: bool = False) -> str | None:
         return None
     said = _ANSWER_IS.findall(text)
     if said and said[-1].strip():
-        nums = _NUMBER.findall(said[-1])
-        return nums[-1] if nums else said[-1].strip()
+        return _stated_answer(said[-1].strip())
     nums = _NUMBER.findall(text)
     if nums:
         return nums[-1]
     letter = re.fullmatch(r"\(?([A-J])\)?\.?", text.strip())  # a bare option letter, for multiple choice
     return letter.group(1) if letter else None
+
+
+def _stated_answer(phrase: str) -> str:
+    """The answer in the phrase after "answer is": the whole phrase when it is LaTeX math (math-verify parses
+    it; its last number would be a denominator), else the first number after the last '=' ("7*8 = 56"), else
+    the first number (not the last: "12, not 13" is 12), else the phrase itself.
+
+    >>> [_stated_answer(p) for p in ("12, not 13", "12 apples and 3 pears", "7 * 8 = 56", r"-\\frac{3}{4}", "2.5e3")]
+    ['12', '12', '56', '-\\\\frac{3}{4}', '2.5e3']
+    """
+    if _LATEX_MATH.search(phrase):
+        return phrase.strip("$ ")
+    nums = _NUMBER.findall(phrase.rsplit("=", 1)[-1]) or _NUMBER.findall(phrase)
+    return nums[0] if nums else phrase
 
 
 def _normalise(s: str) -> str:

@@ -43,6 +43,23 @@ def test_extract_answer(text, strict, expected):
     assert extract_answer(text, strict=strict) == expected
 
 
+@pytest.mark.parametrize("text,expected", [
+    ("The answer is 12, not 13.", "12"),            # the number after "answer is", not the phrase's last
+    ("The answer is 12 apples and 3 pears", "12"),
+    ("The answer is: 7 * 8 = 56.", "56"),            # a worked equation: what follows the last '='
+    ("answer is 2.5e3", "2.5e3"),
+    (r"The answer is $\frac{1}{2}$.", r"\frac{1}{2}"),  # LaTeX stays whole for math-verify (not the "2")
+    (r"The answer is $-\frac{3}{4}$", r"-\frac{3}{4}"),
+])
+def test_answer_is_takes_the_stated_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+def test_a_stated_latex_fraction_verifies():
+    assert verify(r"The answer is $\frac{1}{2}$.", "1/2", "math.jsonl").correct
+    assert not verify("The answer is 12, not 13.", "13", "math.jsonl").correct
+
+
 @pytest.mark.parametrize("text", [
     r"first \boxed{3}, then \boxed{4",         # cut inside the final box: 4 may be the start of 42
     r"first \boxed{3}, then \boxed{\frac{1}{2",  # cut inside a nested group
