@@ -15,7 +15,7 @@ Choices, and why:
 - The cap: at most `max_batches` generation batches, the first included (verl's max_num_gen_batches). A
   batch still short then trains on the groups it has (verl raises instead); the shortfall is reported
   (`short`, `cap_hit`), and so is running out of candidates (`exhausted`).
-- Variance is the population spread of the group's rewards, more than `tol` apart (the score stage's eps);
+- Variance is the population spread of the group's rewards, more than `tol` (1e-6, the trainer's zero-variance threshold);
   with binary rewards that is "accuracy neither 0 nor 1". A group of constant partial credit is dropped too
   (it has no gradient either); a group of wrong answers whose format rewards differ is kept (it has one).
 - When a generation batch yields more varied groups than the batch still needs, the first ones in queue order
