@@ -16,6 +16,24 @@ def _f(name: str, typ: pa.DataType, nullable: bool = False) -> pa.Field:
     return pa.field(name, typ, nullable=nullable)
 
 
+_ROLLOUT_FIELDS = [  # `rollouts`, and `discarded_rollouts` around its two extra columns
+    _f("run_id", pa.string()),
+    _f("round", pa.int32()),
+    _f("policy_version", pa.int32()),
+    _f("prompt_id", pa.string()),
+    _f("sample_idx", pa.int32()),
+    _f("prompt_text", pa.string()),
+    _f("completion", pa.string()),
+    _f("reward", pa.float64()),
+    _f("correct", pa.bool_()),
+    _f("n_tokens", pa.int32()),
+    _f("mean_logprob", pa.float64(), True),
+    _f("finish_reason", pa.string()),
+    _f("augmentation", pa.string(), True),
+    _f("verify_timeout", pa.bool_(), True),  # the verifier overran its timeout (scored 0); null: older rows
+]
+
+
 TABLES: dict[str, pa.Schema] = {
     "runs": pa.schema([
         _f("run_id", pa.string()),
@@ -49,43 +67,16 @@ TABLES: dict[str, pa.Schema] = {
         _f("status", pa.string()),  # active | reserve | retired | heldout
         _f("level", pa.string(), True),
     ]),
-    "rollouts": pa.schema([
-        _f("run_id", pa.string()),
-        _f("round", pa.int32()),
-        _f("policy_version", pa.int32()),
-        _f("prompt_id", pa.string()),
-        _f("sample_idx", pa.int32()),
-        _f("prompt_text", pa.string()),
-        _f("completion", pa.string()),
-        _f("reward", pa.float64()),
-        _f("correct", pa.bool_()),
-        _f("n_tokens", pa.int32()),
-        _f("mean_logprob", pa.float64(), True),
-        _f("finish_reason", pa.string()),
-        _f("augmentation", pa.string(), True),
-        _f("verify_timeout", pa.bool_(), True),  # the verifier overran its timeout (scored 0); null: older rows
-    ]),
+    "rollouts": pa.schema(_ROLLOUT_FIELDS),
     # DAPO dynamic sampling's discards (tasks/dapo.py; selector dapo_filter): groups generated in the round but
-    # not kept. Same columns as `rollouts` plus the generation batch and why the group was dropped, so the
+    # not kept. The columns of `rollouts` plus the generation batch and why the group was dropped, so the
     # spend is one query (`SELECT round, count(*), sum(n_tokens) FROM discarded_rollouts WHERE run_id = ...`).
     # Nothing reads them back as the round's rollouts: no score, no training, no pool move.
     "discarded_rollouts": pa.schema([
-        _f("run_id", pa.string()),
-        _f("round", pa.int32()),
-        _f("policy_version", pa.int32()),
-        _f("prompt_id", pa.string()),
+        *_ROLLOUT_FIELDS[:4],
         _f("gen_batch", pa.int32()),  # 0-based generation batch of the round (0: the select stage's draw)
         _f("reason", pa.string()),  # zero_variance | surplus (varied, but the batch was already full)
-        _f("sample_idx", pa.int32()),
-        _f("prompt_text", pa.string()),
-        _f("completion", pa.string()),
-        _f("reward", pa.float64()),
-        _f("correct", pa.bool_()),
-        _f("n_tokens", pa.int32()),
-        _f("mean_logprob", pa.float64(), True),
-        _f("finish_reason", pa.string()),
-        _f("augmentation", pa.string(), True),
-        _f("verify_timeout", pa.bool_(), True),
+        *_ROLLOUT_FIELDS[4:],
     ]),
     "prompt_scores": pa.schema([
         _f("run_id", pa.string()),
