@@ -232,7 +232,7 @@ def print_summary(out: dict) -> None:
                   + _unavailable(s, "fell back; see refinements.reason"))
             if s.get("rejections"):
                 why = ", ".join(f"{k} {v}" for k, v in sorted(s["rejections"].items()))
-                print(f"round {s['round']}: the gate rejected {sum(s['rejections'].values())} children ({why}; "
+                print(f"round {s['round']}: rejected {sum(s['rejections'].values())} children ({why}; "
                       f"see refinements.reason)")
     q = f"""SELECT round, bucket, count(*) AS prompts, round(avg(mean_reward), 3) AS mean_pass,
             round(quantile_cont(eps, 0.25), 3) AS eps_p25, round(median(eps), 3) AS eps_p50,

@@ -255,7 +255,7 @@ def test_gate_verdicts_land_with_their_categories(store, tiny_backend):
 
 def test_an_empty_answer_is_no_gate_rejection(store, tiny_backend):
     """A teacher that answers with nothing: the row says so under its own category, and the summary's gate
-    rejections (what `refinery run` prints as "the gate rejected N children") do not count it."""
+    rejections (what `refinery run` prints as "rejected N children") do not count it."""
     prompts = [_original(f"Solve the following multiplication: {q}.", str(eval(q))) for q in ("7 * 8", "6 * 9")]
     _seed_round(store, "a", prompts, {0: [0] * 4, 1: [0] * 4})
     replies = {"7 * 8": "", "6 * 9": "My 6 cats and 9 dogs love long walks in the park on sunny afternoons."}
