@@ -98,10 +98,8 @@ def scan(store: Store, table: str) -> pl.LazyFrame:
         return pl.from_arrow(schema(table).empty_table()).lazy()
     if store.local:
         return pl.scan_parquet(files, missing_columns="insert", extra_columns="ignore")
-    # fsspec roots: let pyarrow read through the store's filesystem
-    stripped = [store.fs._strip_protocol(f) for f in files]
-    # the table's schema, so that files written before a column was added read with nulls in it
-    return pl.scan_pyarrow_dataset(ds.dataset(stripped, schema=schema(table), filesystem=store.fs, format="parquet"))
+    # fsspec roots: pyarrow reads through the store's filesystem, with the table's schema
+    return pl.scan_pyarrow_dataset(_dataset(store, table, files=files))
 
 
 # ---- layer 1: the statement filter -----------------------------------------------------------------------
@@ -242,10 +240,11 @@ def check_read_only(query: str) -> None:
 
 # ---- layer 2: a connection that can read the landed data and nothing else ---------------------------------
 
-def _dataset(store: Store, table: str, records: list[dict]) -> ds.Dataset | pa.Table:
-    """The landed part files of `table` as a pyarrow dataset, read with the table's schema (so files written
-    before a column was added read with nulls in it)."""
-    files = store.files(table, records)
+def _dataset(store: Store, table: str, records: list[dict] | None = None,
+             files: list[str] | None = None) -> ds.Dataset | pa.Table:
+    """The landed part files of `table` (listed from `records`, unless given) as a pyarrow dataset, read with
+    the table's schema (so files written before a column was added read with nulls in it)."""
+    files = store.files(table, records) if files is None else files
     if not files:
         return schema(table).empty_table()
     if store.local:

@@ -50,7 +50,7 @@ import pyarrow.parquet as pq
 from filelock import FileLock
 from fsspec.implementations.local import LocalFileSystem
 
-from storage.schemas import TABLES, NotFound, conform
+from storage.schemas import TABLES, conform, schema
 
 log = logging.getLogger("refinery.store")
 
@@ -349,8 +349,7 @@ class Store:
 
     def files(self, table: str, records: list[dict] | None = None) -> list[str]:
         """The data files of `table` that belong to landed stages (full paths or URIs)."""
-        if table not in TABLES:
-            raise NotFound(f"unknown table {table!r}; the store's tables are: {', '.join(TABLES)}")
+        schema(table)  # an unknown table is refused there, naming the store's tables
         recs = self.records() if records is None else records
         rels = sorted(p for r in recs if table in r["tables"] for p in r["tables"][table]["paths"])
         return [self.full(rel) for rel in rels]
