@@ -149,6 +149,11 @@ class RefineConfig(Section):
                                          "under the base policy (version 0) is at most this many nats below its "
                                          "parent's, else 'not language'")
 
+    def scaffolds_run(self) -> bool:
+        """Do teacher_scaffold rewrites run? They are on, and the teacher is not the policy unless
+        scaffolds_from_policy is set (a small policy's rewrites of its own failures are noise)."""
+        return "teacher_scaffold" in self.strategies and (self.teacher != "policy" or self.scaffolds_from_policy)
+
 
 class ShapeConfig(Section):
     """MCMC on-policy shaping of off-policy traces (docs/algorithms.md §5)."""

@@ -208,9 +208,7 @@ def rewrites_run(config) -> bool:
     """Can teacher rewrites (and so the rewrite gate, tasks/gate.py) run? teacher_scaffold is on, some round
     has a refine stage after it, and the teacher is not the policy unless scaffolds_from_policy is set (the
     refine stage skips a policy's rewrites of its own failures otherwise)."""
-    r = config.refine
-    return ("teacher_scaffold" in r.strategies and config.rounds > 1
-            and (r.teacher != "policy" or r.scaffolds_from_policy))
+    return config.rounds > 1 and config.refine.scaffolds_run()
 
 
 def _round_zero_pool_landed(config) -> bool:

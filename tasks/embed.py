@@ -57,10 +57,6 @@ def _pool(hidden, mask):
     return torch.nn.functional.normalize(v.float(), dim=-1)
 
 
-def _mean_pool(hidden, mask) -> np.ndarray:
-    return _pool(hidden, mask).cpu().numpy()
-
-
 def embed_minilm(texts: list[str], batch: int = 64) -> np.ndarray:
     import torch
 
@@ -71,7 +67,7 @@ def embed_minilm(texts: list[str], batch: int = 64) -> np.ndarray:
         idx = order[i : i + batch]
         enc = tok([texts[j] for j in idx], padding=True, truncation=True, max_length=256, return_tensors="pt")
         with torch.no_grad():
-            out.append((idx, _mean_pool(model(**enc).last_hidden_state, enc["attention_mask"])))
+            out.append((idx, _pool(model(**enc).last_hidden_state, enc["attention_mask"]).cpu().numpy()))
     vecs = np.zeros((len(texts), 384), dtype=np.float32)
     for idx, v in out:
         vecs[idx] = v

@@ -182,6 +182,15 @@ def check_child(child_text: str, parent_text: str, answer: str, *, kind: str = "
     return None
 
 
+def cloze_mask_counts(digits: int) -> range:
+    """How many of an answer's `digits` a cloze pattern may mask: 50-80% of them, and never all.
+
+    >>> list(cloze_mask_counts(2)), list(cloze_mask_counts(6)), list(cloze_mask_counts(10))
+    ([1], [3, 4], [5, 6, 7, 8])
+    """
+    return range((digits + 1) // 2, (4 * digits) // 5 + 1)
+
+
 def cloze_reason(pattern: str, answer: str) -> str | None:
     """None if `pattern` is `answer` with 50-80% of its digits (and not all) masked by '_', else why not.
 
@@ -195,7 +204,7 @@ def cloze_reason(pattern: str, answer: str) -> str | None:
     masked, digits = pattern.count("_"), sum(c.isdigit() for c in a)
     if masked == 0:
         return f"reveals answer: the cloze pattern {pattern!r} masks no digit"
-    if not (0.5 <= masked / digits <= 0.8 and masked < digits):
+    if masked not in cloze_mask_counts(digits):
         return f"bad pattern: {pattern!r} masks {masked} of {digits} digits (50-80%, at least one kept)"
     return None
 

@@ -18,6 +18,7 @@ import hashlib
 import random
 import re
 
+from tasks.gate import cloze_mask_counts
 from tasks.rewards import LETTERS, exact_match
 
 LEVELS = ("mcq4", "mcq10", "cloze", "open")
@@ -127,9 +128,10 @@ def make_cloze(prompt_id: str, question: str, answer: str) -> str | None:
         return None
     rng = random.Random(_seed(prompt_id, "cloze"))
     n = len(digits)
-    # uniform over the admissible counts, ceil(n/2)..floor(4n/5) (never empty, never all n for n >= 2): rounding
-    # a uniform share instead reached 5 of 6 and 6 of 7 digits, above the 80% ceiling
-    n_mask = rng.randint((n + 1) // 2, (4 * n) // 5)
+    # uniform over the admissible counts, the gate's own rule (never empty, never all n for n >= 2): rounding a
+    # uniform share instead reached 5 of 6 and 6 of 7 digits, above the 80% ceiling
+    counts = cloze_mask_counts(n)
+    n_mask = rng.randint(counts.start, counts.stop - 1)
     masked = set(rng.sample(digits, n_mask))
     pattern = "".join("_" if i in masked else ch for i, ch in enumerate(a))
     return f"{question}\nThe answer should look like: {pattern}"

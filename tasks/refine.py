@@ -400,8 +400,8 @@ def refine_task(store_uri: str, run_id: str, round: int, cfg: Any, model_cfg: An
     from models.registry import load_backend, load_teacher
 
     store = Store(store_uri)
-    self_taught = cfg.teacher == "policy" and not cfg.scaffolds_from_policy and "teacher_scaffold" in cfg.strategies
-    if self_taught:  # a small policy's rewrites of its own failures are noise: skipped until a teacher is set
+    self_taught = "teacher_scaffold" in cfg.strategies and not cfg.scaffolds_run()
+    if self_taught:  # skipped until a teacher other than the policy is set
         cfg = cfg.model_copy(update={"strategies": [s for s in cfg.strategies if s != "teacher_scaffold"]})
     wanted = "teacher_scaffold" in cfg.strategies or ("ladder" in cfg.strategies and cfg.teacher_distractors)
     teacher = load_teacher(cfg.teacher, model_cfg, cfg) if wanted else None

@@ -190,7 +190,7 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
     texts = scan(store, "prompts").select("prompt_id", "text").unique("prompt_id")
     # each prompt's latest score in this run; a prompt no earlier round scored has none (it is never scored)
     scores = (scan(store, "prompt_scores").filter(earlier).sort("round", "policy_version")
-              .group_by("prompt_id").last().select("prompt_id", "eps", "std_reward"))
+              .group_by("prompt_id").last().select("prompt_id", "eps"))
     cand = pool.join(texts, on="prompt_id").join(scores, on="prompt_id", how="left").sort("prompt_id").collect()
     if cand.height == 0:
         raise ValueError(f"run {run_id} round {round}: no candidate prompts to select from")

@@ -124,7 +124,7 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
     kept = [r for r in rows if r["correct"]]
     return {"stage": "shape", "round": round, "traces": len(rows), "in_c": len(kept), "teacher_calls": calls,
             "teacher_unavailable": unavailable,
-            "cut_starts": sum(not t.ids or t.ids[-1] != eos for t in traces),
+            "cut_starts": sum(not t.ids or t.ids[-1] not in backend.eos_ids for t in traces),  # as shape_traces tests
             "irreversible": sum(t.rejected_irreversible for t in traces),  # MH moves rejected: no reverse move
             "cut_proposals": sum(t.rejected_cut for t in traces),  # proposals cut by the length limit
             "accept_rate": sig4(_mean([r["accept_rate"] for r in kept])) if kept else None,

@@ -137,14 +137,12 @@ def score(store: Store, run_id: str, round: int, beta: float, tau: float, eps: f
     `prompt_scores`. The summary's `rescued` counts the LoPE-rescued groups and their (own-sample) buckets."""
     if store.landed(run_id, round, "score"):
         return {"stage": "score", "round": round, "skipped": "already landed"}
-    rollouts = scan(store, "rollouts").filter((pl.col("run_id") == run_id) & (pl.col("round") == round))
-    own = own_samples(rollouts).collect()
-    scores = eps_scores(own, beta, tau, eps)
+    rollouts = scan(store, "rollouts").filter((pl.col("run_id") == run_id) & (pl.col("round") == round)).collect()
+    scores = eps_scores(own_samples(rollouts).collect(), beta, tau, eps)
     store.commit("score", {"prompt_scores": scores.to_arrow()}, run_id=run_id, round=round)
     counts = dict(scores.group_by("bucket").len().iter_rows())
     # from the stored rows: own_samples drops the replaced slots of older stores, yet their groups were rescued
-    rescued = scores.join(rollouts.filter(lope_replaced()).select("prompt_id").unique().collect(), on="prompt_id",
-                          how="semi")
+    rescued = scores.join(rollouts.filter(lope_replaced()).select("prompt_id").unique(), on="prompt_id", how="semi")
     return {"stage": "score", "round": round, "prompts": scores.height, "buckets": counts,
             "rescued": {"groups": rescued.height, **dict(rescued.group_by("bucket").len().sort("bucket").iter_rows())}}
 
