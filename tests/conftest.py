@@ -54,3 +54,28 @@ def tiny_backend():
     from models.registry import resolve
 
     return TransformersBackend(resolve("tiny-random"), dtype="fp32", batch_size=16)
+
+
+@pytest.fixture(scope="session")
+def scripted(tiny_backend):
+    """The scripted policy (models/scripted.py) on the tiny random model's weights (shared with tiny_backend)."""
+    from models.registry import resolve
+    from models.scripted import ScriptedBackend
+
+    return ScriptedBackend(resolve("tiny-random"), dtype="fp32", batch_size=16, model=tiny_backend.model,
+                           tokenizer=tiny_backend.tokenizer)
+
+
+def q(store, query: str) -> list[dict]:
+    """Rows of a read-only SQL query over the store."""
+    from storage.query import sql
+
+    return sql(store, query).to_pylist()
+
+
+def land_pool(store, run_id: str, round: int, prompt_ids: list[str], status: str = "active") -> None:
+    """Land the pool stage of (run_id, round): every prompt with `status`."""
+    n = len(prompt_ids)
+    store.commit("pool", {"pool": pa.table({"run_id": [run_id] * n, "round": pa.array([round] * n, pa.int32()),
+                                            "prompt_id": prompt_ids, "status": [status] * n})},
+                 run_id=run_id, round=round)

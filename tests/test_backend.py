@@ -144,14 +144,10 @@ def test_score_is_the_unmodified_model_unless_a_temperature_is_given(tiny_backen
         b.score_ids(b.encode(p), b.encode(c), temperature=-1.0)
 
 
-def test_scripted_logprobs_follow_the_sampling_temperature(tiny_backend):
+def test_scripted_logprobs_follow_the_sampling_temperature(scripted):
     """The scripted policy's completions carry the wrapped model's log-probs at the sampling temperature, as
     the transformers backend's do."""
-    from models.registry import resolve
-    from models.scripted import ScriptedBackend
-
-    b = ScriptedBackend(resolve("tiny-random"), dtype="fp32", batch_size=16, model=tiny_backend.model,
-                        tokenizer=tiny_backend.tokenizer)
+    b = scripted
     prompts = _render(b, ["What is 7 * 8?"])
     (group,) = b.generate(prompts, 2, Sampling(temperature=0.6, max_new_tokens=32, seed=1))
     for c in group:

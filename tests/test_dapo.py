@@ -9,9 +9,9 @@ import io
 from contextlib import redirect_stdout
 
 import pytest
+from conftest import q
 
 from flows.config import load_config
-from storage.query import sql
 from storage.store import Store
 from tasks.dapo import dynamic_sampling, first_batch_size, has_variance, refill_size
 
@@ -126,9 +126,6 @@ def _select_and_collect(store: Store, run: str, sets: list[str]) -> dict:
     return collect(store, run, 0, 0, cfg.model, cfg.rollout, cfg.reward, use_selection=True, rounds=1,
                    select_cfg=cfg.select)
 
-
-def q(store: Store, query: str) -> list[dict]:
-    return sql(store, query).to_pylist()
 
 
 def test_collect_refills_to_b_mixed_groups_and_stores_the_discards(store):

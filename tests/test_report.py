@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import q
 from PIL import Image
 
-from storage.query import sql
 from storage.store import Store
 from tasks import report
 from tasks.report import PLOTS, publish_round_artifacts, round_table, run_frames, slug, write_report
@@ -84,9 +84,6 @@ def synthetic(tmp_path_factory) -> Store:
         store.commit("synthetic", tables, run_id=SYN, round=r)
     return store
 
-
-def q(store: Store, query: str) -> list[dict]:
-    return sql(store, query).to_pylist()
 
 
 def check_png(path: Path) -> None:

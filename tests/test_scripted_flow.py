@@ -9,11 +9,11 @@ import math
 
 import pytest
 import torch
+from conftest import q
 
 from flows.config import load_config
 from models.backend import Backend, Sampling
 from models.scripted import (
-    ScriptedBackend,
     arithmetic_problem,
     base_rate,
     checkpoint_version,
@@ -27,15 +27,6 @@ from tasks.rewards import verify
 
 INSTRUCTION = "Put your final answer within \\boxed{}."
 RUN = "scripted"
-
-
-@pytest.fixture(scope="module")
-def scripted(tiny_backend):
-    """The scripted policy on the tiny random model's weights (shared with tiny_backend, fp32)."""
-    from models.registry import resolve
-
-    return ScriptedBackend(resolve("tiny-random"), dtype="fp32", batch_size=16, model=tiny_backend.model,
-                           tokenizer=tiny_backend.tokenizer)
 
 
 def _ask(b, question: str) -> str:
@@ -175,9 +166,6 @@ def run(prefect_api, tmp_path_factory):
                                  rounds=3))
     return store, out
 
-
-def q(store, query: str) -> list[dict]:
-    return sql(store, query).to_pylist()
 
 
 # the reward of the policy's own sample: a LoPE replacement stands for the failure it displaced

@@ -20,16 +20,6 @@ LONG = ("We add the two numbers. Two plus three: 2 + 3 = 5. Checking: 5 - 3 = 2,
         "So the answer is \\boxed{5}.")  # 44 tokens + EOS: most cut points leave an old suffix above a limit of 24
 
 
-@pytest.fixture(scope="module")
-def scripted(tiny_backend):
-    """The scripted policy on the tiny random model's weights (shared with tiny_backend, fp32)."""
-    from models.registry import resolve
-    from models.scripted import ScriptedBackend
-
-    return ScriptedBackend(resolve("tiny-random"), dtype="fp32", batch_size=16, model=tiny_backend.model,
-                           tokenizer=tiny_backend.tokenizer)
-
-
 def _setup(backend, n, in_c, start="2 + 3 = 5 so", ended=True):
     """n chains from the same start: its token ids, plus end-of-sequence when `ended` (a complete trace)."""
     x = backend.encode([backend.render([{"role": "user", "content": QUESTION}])])[0]

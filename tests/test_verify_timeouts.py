@@ -8,13 +8,12 @@ Before the fix the hanging check held the GIL on a worker thread and the stage n
 
 import logging
 
-import pyarrow as pa
 import pytest
+from conftest import land_pool, prompt_rows
 
 from flows.config import EvalConfig, ModelConfig, RewardConfig, RolloutConfig
 from models.backend import Completion
 from storage.query import sql
-from tests.conftest import prompt_rows
 
 HANG = r"10^{10^{10}}"
 
@@ -41,7 +40,11 @@ class ScriptBackend:
 
 
 @pytest.fixture
-def two_prompts(store):
+def two_prompts(store, monkeypatch):
+    """Two prompts whose first sample hangs math-verify, with its timeout cut to 0.5 s."""
+    import tasks.rewards
+
+    monkeypatch.setattr(tasks.rewards, "MATH_VERIFY_TIMEOUT_S", 0.5)
     rows = prompt_rows(2, offset=3)
     store.commit("ingest-t", {"prompts": rows})
     return dict(zip(rows["text"].to_pylist(), rows["answer"].to_pylist())), rows["prompt_id"].to_pylist()
@@ -57,13 +60,10 @@ class Lines(logging.Handler):
 
 
 def test_collect_flags_counts_and_logs_timeouts_and_scores_the_rest(store, two_prompts, tiny_backend, monkeypatch):
-    import tasks.rewards
     import tasks.rollout
 
     answers, ids = two_prompts
-    store.commit("pool", {"pool": pa.table({"run_id": ["t"] * 2, "round": pa.array([0, 0], pa.int32()),
-                                            "prompt_id": ids, "status": ["active"] * 2})}, run_id="t", round=0)
-    monkeypatch.setattr(tasks.rewards, "MATH_VERIFY_TIMEOUT_S", 0.5)
+    land_pool(store, "t", 0, ids)
     monkeypatch.setattr(tasks.rollout, "load_backend", lambda *a, **k: ScriptBackend(tiny_backend, answers))
     cfg = RolloutConfig(group_size=4, fewshot_k=0, lope_prefixes=0)
     logged = Lines()  # on the logger itself: Prefect's logging set-up replaces the root handlers caplog uses
@@ -83,13 +83,10 @@ def test_collect_flags_counts_and_logs_timeouts_and_scores_the_rest(store, two_p
 
 def test_evaluate_counts_timeouts_and_scores_the_rest(store, two_prompts, tiny_backend, monkeypatch):
     import models.registry
-    import tasks.rewards
     from tasks.evaluate import evaluate_versions
 
     answers, ids = two_prompts
-    store.commit("pool", {"pool": pa.table({"run_id": ["e"] * 2, "round": pa.array([0, 0], pa.int32()),
-                                            "prompt_id": ids, "status": ["heldout"] * 2})}, run_id="e", round=0)
-    monkeypatch.setattr(tasks.rewards, "MATH_VERIFY_TIMEOUT_S", 0.5)
+    land_pool(store, "e", 0, ids, status="heldout")
     monkeypatch.setattr(models.registry, "load_backend", lambda *a, **k: ScriptBackend(tiny_backend, answers))
     out = evaluate_versions(store, "e", 0, [(0, "tiny-random")], EvalConfig(n_samples=4, k=2), ModelConfig(),
                             RolloutConfig(), RewardConfig())
