@@ -1,0 +1,61 @@
+"""Behaviour and stores outlive code changes (tests/golden.py, tests/data/golden/).
+
+1. The same seeded run writes the same rows in every table as the code of MANIFEST.json's commit did.
+2. A store that code wrote still opens, answers the same SQL, and resumes its run to a further round, leaving
+   every row it held as it was."""
+
+import json
+import shutil
+
+import polars as pl
+import pytest
+from conftest import ROOT
+from golden import RUNS, answers, frames_match, table_rows, tables
+
+from flows.config import load_config
+from storage.store import Store
+
+GOLDEN = ROOT / "tests" / "data" / "golden"
+MANIFEST = json.loads((GOLDEN / "MANIFEST.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["scripted", "tiny"])
+def test_the_seeded_run_writes_the_golden_rows(prefect_api, tmp_path, monkeypatch, name):
+    from flows.curriculum import curriculum
+
+    monkeypatch.chdir(ROOT)  # the runs name their source files relative to the repository
+    spec = RUNS[name]
+    store = Store(tmp_path / "store")
+    curriculum(load_config(sets=spec["sets"], run_id=name, store=store.root, rounds=spec["rounds"]))
+    golden = Store(GOLDEN / name)
+    assert tables(store) == tables(golden)
+    for t in tables(golden):
+        assert frames_match(table_rows(golden, t), table_rows(store, t)) is None, \
+            f"{name}: table {t}: {frames_match(table_rows(golden, t), table_rows(store, t))}"
+
+
+def test_an_old_store_answers_the_same_sql_and_resumes(prefect_api, tmp_path, monkeypatch):
+    from flows.curriculum import curriculum
+
+    monkeypatch.chdir(ROOT)
+    shutil.copytree(GOLDEN / "resume", tmp_path / "store")
+    store = Store(tmp_path / "store")
+    assert answers(store, "resume") == MANIFEST["runs"]["resume"]["sql"]
+    before = {t: table_rows(store, t) for t in tables(store)}
+    spec = RUNS["resume"]
+    out = curriculum(load_config(sets=spec["sets"], run_id="resume", store=store.root, rounds=spec["rounds"] + 1))
+    ran = {(s["stage"], s["round"]) for s in out["stages"] if "skipped" not in s}
+    assert ("collect", 2) in ran and ("score", 2) in ran and ("collect", 0) not in ran
+    assert ("refine", 1) in ran  # the last round of the old run had no children to make; now it has
+    for t, old in before.items():
+        now = table_rows(store, t)
+        if t == "runs":
+            assert now["status"].to_list() == ["completed", "completed", "resumed", "running"]
+            continue
+        if t in ("prompts", "embeddings"):  # content-addressed: the rows the old store held are still there
+            now = now.join(old.select("prompt_id"), on="prompt_id", how="semi")
+        elif "round" in now.columns:
+            now = now.filter(pl.col("round") < (1 if t == "refinements" else 2))
+        assert frames_match(old, now) is None, f"table {t} changed on resume: {frames_match(old, now)}"
+    assert answers(store, "resume")["buckets"][:len(MANIFEST["runs"]["resume"]["sql"]["buckets"])] \
+        == MANIFEST["runs"]["resume"]["sql"]["buckets"]
