@@ -35,8 +35,8 @@ import torch  # noqa: E402
 
 from models.backend import Sampling  # noqa: E402
 from models.hf import TransformersBackend  # noqa: E402
-from tasks.grpo import Sequence, group_advantages, train_round  # noqa: E402
-from tasks.mcmc import Trace, shape_traces  # noqa: E402
+from tasks.core.grpo import Sequence, group_advantages, train_round  # noqa: E402
+from tasks.core.mcmc import Trace, shape_traces  # noqa: E402
 
 DEV = "cuda"
 

@@ -28,8 +28,8 @@ import torch  # noqa: E402
 
 from models.hf import TransformersBackend  # noqa: E402
 from models.registry import resolve  # noqa: E402
-from tasks.mcmc import CONTINUE, Trace, shape_traces  # noqa: E402
-from tasks.rewards import verify  # noqa: E402
+from tasks.core.mcmc import CONTINUE, Trace, shape_traces  # noqa: E402
+from tasks.core.rewards import verify  # noqa: E402
 
 
 def make_traces(b: TransformersBackend, n: int) -> list[Trace]:

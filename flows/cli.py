@@ -72,7 +72,7 @@ def _check_ingest_source(source: str, params: dict) -> None:
     """The source's name, and a file's existence, type and emptiness, before Prefect starts (the flow then
     validates every row)."""
     if source.startswith("rg:"):
-        from tasks.sources import parse_param, rg_config_fields
+        from tasks.core.sources import parse_param, rg_config_fields
 
         rg_config_fields(source[3:])
         for k, v in params.items():
@@ -134,8 +134,8 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def _marked_failed(store_uri: str, run_id: str) -> bool:
     """Did the run end as `failed` (not refused before it started, nor locked by another process)?"""
+    from storage.runs import run_rows
     from storage.store import Store
-    from tasks.runs import run_rows
 
     try:
         rows = run_rows(Store(store_uri), run_id)

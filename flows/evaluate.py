@@ -27,8 +27,8 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
     newest run) on the run's held-out split."""
     from flows.config import RunConfig
     from models.checkpoints import versions
+    from storage.runs import stored_config
     from tasks.evaluate import evaluate_versions
-    from tasks.runs import stored_config
 
     s = Store(store or default_root())
     run_id = run_id or latest_run(s)

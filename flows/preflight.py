@@ -129,7 +129,7 @@ def source_problem(source: str, size: int = 1, seed: int = 0,
     """('source' or 'params', why) if pool/ingest source `source` cannot be read, else None. rg: tasks are
     built (not generated), so unknown parameters and rejected values are found; files are read and
     validated in full."""
-    from tasks.sources import Limits, SourceError, file_rows, parse_param, rg_config_fields
+    from tasks.core.sources import Limits, SourceError, file_rows, parse_param, rg_config_fields
 
     params = params or {}
     try:
@@ -205,7 +205,7 @@ def backend_problems(config) -> list[tuple[str, str]]:
 
 
 def rewrites_run(config) -> bool:
-    """Can teacher rewrites (and so the rewrite gate, tasks/gate.py) run? teacher_scaffold is on, some round
+    """Can teacher rewrites (and so the rewrite gate, tasks/strategies/gate.py) run? teacher_scaffold is on, some round
     has a refine stage after it, and the teacher is not the policy unless scaffolds_from_policy is set (the
     refine stage skips a policy's rewrites of its own failures otherwise)."""
     return config.rounds > 1 and config.refine.scaffolds_run()

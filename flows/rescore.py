@@ -18,8 +18,8 @@ def rescore(run_id: str | None = None, store: str | None = None) -> dict:
     ones with EPS > tau come back as active in the run's next round."""
     from flows.config import RunConfig
     from flows.evaluate import latest_run
+    from storage.runs import run_lock, stored_config
     from tasks.rescore import rescore_task
-    from tasks.runs import run_lock, stored_config
 
     s = Store(store or default_root())
     if run_id is None:

@@ -8,7 +8,7 @@ see `render`).
 Which distribution a log-prob describes:
 - `generate`'s log-probs describe the distribution the tokens were drawn from: log_softmax(logits / T) at the
   sampling temperature T, as verl and TRL compute them, so they agree with what the trainer recomputes for
-  its importance ratio, its KL and LoPE's behaviour ratio (tasks/grpo.py), and the `mean_logprob` stored in
+  its importance ratio, its KL and LoPE's behaviour ratio (tasks/core/grpo.py), and the `mean_logprob` stored in
   `rollouts` is on the same scale.
 - Top-p is *not* applied to them (the nucleus is not renormalised): the trainer, like verl's and TRL's,
   cannot reproduce the sampler's nucleus per position, and the default top_p is 1, where the two agree

@@ -1,4 +1,4 @@
-"""The Lorem-Ipsum vocabulary: LoPE's prefixes (tasks/lope.py) are drawn from it, and the scripted policy
+"""The Lorem-Ipsum vocabulary: LoPE's prefixes (tasks/core/lope.py) are drawn from it, and the scripted policy
 (models/scripted.py) recognises a Lorem system prompt by it. It lives in models/ because models/ must not
 import tasks/."""
 

@@ -68,7 +68,7 @@ TABLES: dict[str, pa.Schema] = {
         _f("level", pa.string(), True),
     ]),
     "rollouts": pa.schema(_ROLLOUT_FIELDS),
-    # DAPO dynamic sampling's discards (tasks/dapo.py; selector dapo_filter): groups generated in the round but
+    # DAPO dynamic sampling's discards (tasks/core/dapo.py; selector dapo_filter): groups generated in the round but
     # not kept. The columns of `rollouts` plus the generation batch and why the group was dropped, so the
     # spend is one query (`SELECT round, count(*), sum(n_tokens) FROM discarded_rollouts WHERE run_id = ...`).
     # Nothing reads them back as the round's rollouts: no score, no training, no pool move.

@@ -61,7 +61,7 @@ def evaluate_versions(store: Store, run_id: str, round: int, versions: list[tupl
                       model_cfg: Any, rollout_cfg: Any, reward_cfg: Any, stage: str = "evaluate") -> dict:
     """Evaluate each (policy_version, model spec) on the held-out split; land one `evals` row per version."""
     from models.registry import load_backend
-    from tasks.rewards import report_timeouts, verify
+    from tasks.core.rewards import report_timeouts, verify
 
     if store.landed(run_id, round, stage):
         return {"stage": stage, "round": round, "skipped": "already landed"}

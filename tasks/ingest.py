@@ -16,7 +16,7 @@ from prefect.exceptions import MissingContextError
 
 from storage.query import scan
 from storage.store import Store
-from tasks.sources import BadRow, Limits, SourceRow, file_rows, rg_rows
+from tasks.core.sources import BadRow, Limits, SourceRow, file_rows, rg_rows
 
 
 class IngestRejected(ValueError):

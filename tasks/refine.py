@@ -9,7 +9,7 @@ Routing, per the round's scores:
 - hint_prefix children above the threshold are promoted the same way, with the revealed share annealed
   f -> f - 0.1 -> ... -> the open question;
 - informative prompts are left unchanged.
-Every child passes the validity gate (tasks/gate.py); rejected children are recorded with their reason in
+Every child passes the validity gate (tasks/strategies/gate.py); rejected children are recorded with their reason in
 `refinements` and never enter `prompts`. Teacher calls are keyed on a hash of their payload; each answer
 lands in `teacher_calls` as soon as it returns (and is referenced from `refinements.teacher_call`), so a
 rerun, even after a crash mid-refine, reuses it instead of calling the teacher again. A payload the teacher
@@ -17,7 +17,7 @@ cannot answer (an endpoint down, slow, rate-limited past its retries, or answeri
 prompt: the ladder uses programmatic distractors, a scaffold is not made, and the row's reason says
 "teacher unavailable: <why>"; the round goes on, and the failure is not cached, so a later run asks again.
 Caps: at most `max_per_strategy` children per strategy and `max_children` in all, per round.
-A teacher_scaffold rewrite also passes the rewrite gate (tasks/gate.py: keeps the parent's quantities, reads
+A teacher_scaffold rewrite also passes the rewrite gate (tasks/strategies/gate.py: keeps the parent's quantities, reads
 as language, stays on topic, parrots nothing of the teacher's prompt); every rejection reason leads with a
 stable category. With teacher = 'policy', scaffolds are skipped unless `scaffolds_from_policy` is set: a
 135M policy's rewrites of its own failures were never valid questions (0 of 20).
@@ -37,10 +37,11 @@ import pyarrow as pa
 from prefect import task
 
 from models.backend import Sampling
-from storage.ids import prompt_id as content_id
 from storage.query import scan
 from storage.store import Store, fault_point
-from tasks.gate import (
+from tasks.core.ids import prompt_id as content_id
+from tasks.reporting import timed
+from tasks.strategies.gate import (
     EMPTY_ANSWER,
     NOT_JUDGED,
     UNAVAILABLE,
@@ -50,8 +51,7 @@ from tasks.gate import (
     mean_logprobs,
     reason_category,
 )
-from tasks.ladder import LEVELS, distractor_payload, make_cloze, make_mcq, next_level, parse_distractors
-from tasks.reporting import timed
+from tasks.strategies.ladder import LEVELS, distractor_payload, make_cloze, make_mcq, next_level, parse_distractors
 from tasks.utility import lope_replaced
 
 TEACHER_TEMPLATE = """You are helping a student who keeps failing this problem.
@@ -143,7 +143,7 @@ def harden_child(parent: dict, run_id: str, round: int) -> tuple[dict | None, st
     """A sibling problem one reasoning-gym difficulty step up (a new problem, so a new answer)."""
     if not parent["source"].startswith("rg:"):
         return None, "unsupported: harden needs an rg: source"
-    from tasks.sources import rg_config_fields, rg_rows
+    from tasks.core.sources import rg_config_fields, rg_rows
 
     task_name = parent["source"][3:]
     params = json.loads(parent["params"] or "{}")

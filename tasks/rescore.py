@@ -26,11 +26,11 @@ from models.backend import Sampling
 from models.checkpoints import versions
 from models.registry import load_backend
 from storage.query import scan
+from storage.runs import run_rows
 from storage.store import Store
 from tasks.fewshot import fewshot_messages
 from tasks.reporting import progress_reporter, sig4, timed
 from tasks.rollout import rollout_table, verdicts
-from tasks.runs import run_rows
 from tasks.utility import eps_scores
 
 

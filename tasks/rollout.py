@@ -2,9 +2,9 @@
 
 Each prompt is the question plus the configured instruction, rendered with the model's chat template,
 optionally after few-shot demonstrations (tasks/fewshot.py, recorded in `augmentation`). All-fail groups
-are then resampled under Lorem-Ipsum prefixes (tasks/lope.py), and correct resamples replace up to G - 1
+are then resampled under Lorem-Ipsum prefixes (tasks/core/lope.py), and correct resamples replace up to G - 1
 failures, also recorded in `augmentation`.
-With selector dapo_filter the round over-samples instead (DAPO dynamic sampling, tasks/dapo.py): groups
+With selector dapo_filter the round over-samples instead (DAPO dynamic sampling, tasks/core/dapo.py): groups
 are generated batch by batch until B of them have reward variance; only those land as `rollouts`, every
 other group generated lands in `discarded_rollouts`, and the refill prompts are added to `selections`.
 The whole round lands as one atomic stage; a crash mid-collection leaves nothing, and the rerun collects
@@ -25,11 +25,11 @@ from models.backend import Sampling
 from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store, fault_point
-from tasks.dapo import SURPLUS, ZERO_VARIANCE, draw_order, dynamic_sampling
+from tasks.core.dapo import SURPLUS, ZERO_VARIANCE, draw_order, dynamic_sampling
+from tasks.core.lope import Rescue, is_lope_replaced, lope_rescue
+from tasks.core.rewards import report_timeouts, verify
 from tasks.fewshot import demonstrations, fewshot_messages
-from tasks.lope import Rescue, is_lope_replaced, lope_rescue
 from tasks.reporting import progress_reporter, sig4, timed
-from tasks.rewards import report_timeouts, verify
 
 
 def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, include_reserve: bool) -> pl.DataFrame:
@@ -104,7 +104,7 @@ def _in_order(frame: pl.DataFrame, ids: list[str]) -> pl.DataFrame:
 def _dynamic_sampling(store: Store, run_id: str, round: int, policy_version: int, first: pl.DataFrame,
                       backend: Any, demos: pl.DataFrame | None, rounds: int, rollout_cfg: Any, reward_cfg: Any,
                       select_cfg: Any, sampling: Sampling) -> tuple:
-    """DAPO dynamic sampling (tasks/dapo.py) over the round's candidates: the select stage's draw (`first`)
+    """DAPO dynamic sampling (tasks/core/dapo.py) over the round's candidates: the select stage's draw (`first`)
     is generation batch 1; refills come from the rest of the pool in a seeded uniform order. Returns the kept
     groups as collect's usual lists, plus the summary and the extra tables to land with the rollouts:
     `discarded_rollouts` (every group generated and not kept) and `selections` rows for the refills, so that

@@ -27,7 +27,7 @@ from prefect import task
 from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store
-from tasks.dapo import draw_order, first_batch_size
+from tasks.core.dapo import draw_order, first_batch_size
 from tasks.embed import cached_embeddings, embedding_space, policy_namespace
 from tasks.reporting import sig4, timed
 
@@ -160,7 +160,7 @@ def select_uniform(prompt_ids: list[str], batch: int, seed: int = 0) -> pl.DataF
 
 
 def select_dapo_filter(prompt_ids: list[str], batch: int, oversample: float, seed: int = 0) -> pl.DataFrame:
-    """DAPO dynamic sampling's first generation batch (tasks/dapo.py): ceil(oversample * B) candidates, the
+    """DAPO dynamic sampling's first generation batch (tasks/core/dapo.py): ceil(oversample * B) candidates, the
     head of a seeded uniform draw order. DAPO draws from the whole dataset, whatever a prompt scored before;
     the collect stage generates them, drops the zero-variance groups and refills from the same draw order."""
     picks = draw_order(prompt_ids, seed)[:first_batch_size(batch, oversample)]

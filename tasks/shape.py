@@ -1,8 +1,8 @@
 """Shape stage: picks the round's unsolved prompts, builds their off-policy traces (reference solutions, or
-teacher solutions that verify), runs the batched MCMC of tasks/mcmc.py under the round's policy with the
+teacher solutions that verify), runs the batched MCMC of tasks/core/mcmc.py under the round's policy with the
 verifier deciding membership of C, and lands `shaped_traces`. A start trace longer than
 4 x shape.max_new_tokens tokens is cut there, incomplete (no end-of-sequence), and not shaped; the summary
-counts such starts and the moves rejected as irreversible or as cut by the proposal limit (tasks/mcmc.py)."""
+counts such starts and the moves rejected as irreversible or as cut by the proposal limit (tasks/core/mcmc.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from prefect import task
 
 from storage.query import scan
 from storage.store import Store, fault_point
-from tasks.mcmc import CONTINUE, Trace, _mean, shape_traces, tokens_changed
+from tasks.core.mcmc import CONTINUE, Trace, _mean, shape_traces, tokens_changed
 from tasks.reporting import progress_reporter, sig4, timed
 from tasks.utility import own_samples
 
@@ -47,8 +47,8 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
     and its teacher_* options) that writes traces for prompts without a reference solution; a prompt it
     cannot answer is skipped (counted as teacher_unavailable), and the stage goes on."""
     from models.registry import load_backend, load_teacher
+    from tasks.core.rewards import verify
     from tasks.refine import ask_teacher, teacher_cache
-    from tasks.rewards import verify
 
     if store.landed(run_id, round, "shape"):
         return {"stage": "shape", "round": round, "skipped": "already landed"}

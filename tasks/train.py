@@ -4,7 +4,7 @@
   Zero-variance groups carry no gradient: they are counted and never forwarded.
 - Policy loss per response token: PPO clip with clip-higher, -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A),
   averaged over every response token of the optimizer step (token-level, DAPO style).
-- LoPE-replaced rollouts (tasks/lope.py) were sampled under a perturbed prompt: their old log-probs are taken
+- LoPE-replaced rollouts (tasks/core/lope.py) were sampled under a perturbed prompt: their old log-probs are taken
   under that prompt, and their ratio is shaped rho / (rho + 0.1) instead of clipped.
 - Old log-probs are recomputed with the training model before the first update, so differences between the
   sampling backend and the trainer do not bias the ratio.
@@ -34,7 +34,7 @@ from prefect import task
 
 from storage.query import scan
 from storage.store import Store, fault_point
-from tasks.grpo import Sequence, group_advantages, grpo_token_terms, train_round  # noqa: F401  (re-exported)
+from tasks.core.grpo import Sequence, group_advantages, grpo_token_terms, train_round  # noqa: F401  (re-exported)
 from tasks.reporting import progress_reporter, sig4, timed
 
 

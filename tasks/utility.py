@@ -8,7 +8,7 @@ polars pass over all groups (stable softmax: the group max is subtracted before 
 Buckets (tolerance eps): informative (std > eps and EPS > tau), saturated (all r >= 1 - eps), too_hard
 (all r <= eps), flat (everything else: constant partial credit, or a varied group with EPS <= tau).
 
-Only the policy's own G samples are scored (`own_samples`). LoPE (tasks/lope.py) replaces failures of an
+Only the policy's own G samples are scored (`own_samples`). LoPE (tasks/core/lope.py) replaces failures of an
 all-fail group with correct resamples drawn under Lorem-Ipsum prefixes; those feed training only. Scored as
 they are, a group the policy got 0/8 with 6 replacements would read mean 0.75, EPS 0.207, informative, and so
 never count as too hard (no ladder, hint or scaffold, no move to reserve), be promoted, and skip shaping. A
@@ -35,7 +35,7 @@ ROUND_OWN_SCORES = "QUALIFY policy_version = min(policy_version) OVER (PARTITION
 
 
 def lope_replaced() -> pl.Expr:
-    """Whether a rollout row is a LoPE replacement (the polars twin of tasks.lope.is_lope_replaced)."""
+    """Whether a rollout row is a LoPE replacement (the polars twin of tasks.core.lope.is_lope_replaced)."""
     return pl.col("augmentation").str.json_path_match("$.lorem_perturb.replaced").fill_null("false") == "true"
 
 

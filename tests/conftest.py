@@ -29,7 +29,7 @@ def store(tmp_path):
 
 
 def prompt_rows(n: int, offset: int = 0, source: str = "test") -> pa.Table:
-    from storage.ids import prompt_id
+    from tasks.core.ids import prompt_id
 
     texts = [f"What is {i} + {i}?" for i in range(offset, offset + n)]
     answers = [str(2 * i) for i in range(offset, offset + n)]

@@ -141,8 +141,8 @@ def test_end_of_run_hint_is_shell_quoted():
 
 def test_a_long_multi_line_message_stays_one_readable_line():
     from flows.errors import MAX_PARTS, one_line
+    from tasks.core.sources import BadRow
     from tasks.ingest import IngestRejected
-    from tasks.sources import BadRow
 
     rejected = IngestRejected("big.jsonl", [BadRow("big.jsonl", i, "field 'answer' is missing") for i in range(1, 11)])
     line = one_line(rejected)

@@ -13,7 +13,7 @@ from conftest import q
 
 from flows.config import load_config
 from storage.store import Store
-from tasks.dapo import dynamic_sampling, first_batch_size, has_variance, refill_size
+from tasks.core.dapo import dynamic_sampling, first_batch_size, has_variance, refill_size
 
 
 # ---- the pure loop ------------------------------------------------------------------------------------------

@@ -12,15 +12,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flows", "models", "storage", "tasks")
-MODULES = sorted(f"{p.parent.name}.{p.stem}" for pkg in PACKAGES for p in (ROOT / pkg).glob("*.py")
-                 if ">>> " in p.read_text(encoding="utf-8"))
+MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for pkg in PACKAGES
+                 for p in (ROOT / pkg).rglob("*.py") if ">>> " in p.read_text(encoding="utf-8"))
 
 
 def test_the_examples_are_found():
     """The modules known to document by example are among those collected (the scan works)."""
-    known = {"tasks.lope", "tasks.ladder", "tasks.grpo", "tasks.mcmc", "tasks.evaluate", "tasks.refine",
-             "tasks.fewshot", "tasks.gate", "tasks.rewards", "tasks.report", "tasks.select", "storage.ids",
-             "models.scripted"}
+    known = {"tasks.core.lope", "tasks.strategies.ladder", "tasks.core.grpo", "tasks.core.mcmc", "tasks.evaluate",
+             "tasks.refine", "tasks.fewshot", "tasks.strategies.gate", "tasks.core.rewards", "tasks.report",
+             "tasks.select", "tasks.core.ids", "models.scripted"}
     assert known <= set(MODULES), known - set(MODULES)
 
 

@@ -1,12 +1,13 @@
 """The rewrite gate: a teacher's rewrite is accepted only if it keeps the parent's quantities, reads as
 language and stays on topic. The noise samples are verbatim teacher_scaffold answers of the tiny random model
-(the calibration set of tasks/gate.py); the topic check runs the real packaged MiniLM."""
+(the calibration set of tasks/strategies/gate.py); the topic check runs the real packaged MiniLM."""
 
 import math
 
 import pytest
 
-from tasks.gate import (
+from tasks.refine import TEACHER_TEMPLATE
+from tasks.strategies.gate import (
     RewriteBounds,
     RewriteGate,
     language_shares,
@@ -15,7 +16,6 @@ from tasks.gate import (
     quantities,
     reason_category,
 )
-from tasks.refine import TEACHER_TEMPLATE
 
 PARENT = "Solve the following multiplication: 7 * 8. Give only the result as your final answer."
 TINY_NOISE = [  # tiny-random as teacher, 128 new tokens, cut to their first ~25 words
@@ -135,7 +135,7 @@ def test_logprob_bound_is_relative_to_the_parent(tiny_backend):
 
 # ---- the leak check: the answer's value in any spelling --------------------------------------------------
 
-from tasks.gate import check_child, leak_count  # noqa: E402
+from tasks.strategies.gate import check_child, leak_count  # noqa: E402
 
 SEVEN_EIGHT = "Solve the following multiplication: 7 * 8."
 

@@ -6,8 +6,8 @@ import pytest
 
 from flows.cli import main
 from storage.query import sql
+from tasks.core.sources import SourceError
 from tasks.ingest import IngestRejected, ingest_source
-from tasks.sources import SourceError
 
 
 def _counts(store):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from models.backend import Completion, Sampling
-from tasks.lope import LOREM, is_lope_replaced, lope_rescue, lorem_prefixes, shaped_ratio
+from tasks.core.lope import LOREM, is_lope_replaced, lope_rescue, lorem_prefixes, shaped_ratio
 
 
 def test_prefixes_are_distinct_lorem_of_100_to_300_words_and_seeded():

@@ -8,11 +8,11 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.ids import normalise_text, prompt_id
 from storage.query import scan, sql
 from storage.schemas import conform
 from storage.store import Store
-from tasks.sources import Limits, validate_record, validate_records
+from tasks.core.ids import normalise_text, prompt_id
+from tasks.core.sources import Limits, validate_record, validate_records
 
 LIMITS = Limits(question=200, answer=50, solution=300, meta=500)
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30)

@@ -3,9 +3,9 @@ import json
 import polars as pl
 import pytest
 
-from tasks.gate import check_child, number_words
-from tasks.ladder import LEVELS, make_cloze, make_mcq, next_level, numeric_distractors
-from tasks.rewards import exact_match, math_equiv, verify
+from tasks.core.rewards import exact_match, math_equiv, verify
+from tasks.strategies.gate import check_child, number_words
+from tasks.strategies.ladder import LEVELS, make_cloze, make_mcq, next_level, numeric_distractors
 from tasks.utility import next_pool
 
 PARENT = "Solve the following multiplication: 7 * 8. Give only the result as your final answer."

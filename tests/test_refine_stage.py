@@ -8,10 +8,10 @@ import pyarrow as pa
 import pytest
 
 from flows.config import RefineConfig
-from storage.ids import prompt_id
 from storage.query import sql
-from tasks.ladder import make_mcq
+from tasks.core.ids import prompt_id
 from tasks.refine import refine
+from tasks.strategies.ladder import make_mcq
 
 
 class CountingTeacher:
@@ -194,7 +194,7 @@ def _rejections_in_sql(store, run_id):
 def test_tiny_random_teacher_gets_no_scaffold_into_the_pool(store, tiny_backend):
     """The tiny random model as teacher, through the real refine stage: its rewrites are BPE noise, and none
     is accepted; the summary's rejections per category are the SQL counts."""
-    from tasks.gate import mean_logprobs
+    from tasks.strategies.gate import mean_logprobs
 
     pairs = ((7, 8), (6, 9), (3, 4), (5, 7), (2, 9), (8, 4))
     prompts = [_original(f"Solve the following multiplication: {a} * {b}.", str(a * b)) for a, b in pairs]

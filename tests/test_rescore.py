@@ -85,7 +85,7 @@ def test_rescore_reserve_then_the_next_round_follows_it(prefect_api, store):
 
 
 def test_rescore_refuses_a_run_that_did_not_complete(prefect_api, store):
-    from tasks.runs import mark
+    from storage.runs import mark
 
     mark(store, "half", "running", load_config(sets=SETS, run_id="half").model_dump(mode="json"))
     code, _, err = _cli("rescore", "--run-id", "half", "--store", store.root)

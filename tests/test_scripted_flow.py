@@ -23,7 +23,7 @@ from models.scripted import (
 )
 from storage.query import sql
 from storage.store import Store
-from tasks.rewards import verify
+from tasks.core.rewards import verify
 
 INSTRUCTION = "Put your final answer within \\boxed{}."
 RUN = "scripted"
@@ -77,7 +77,7 @@ def test_deterministic_and_independent_of_the_batch(scripted):
 def test_groups_hold_the_solve_rate_and_the_verifier_agrees(scripted):
     """Sample j of n solves iff frac(u + j/n) < rate: a group holds floor or ceil of rate * n correct
     answers, and the real verifier agrees with the script on every one."""
-    from tasks.sources import rg_rows
+    from tasks.core.sources import rg_rows
 
     b = scripted
     rows = rg_rows("products", 12, 0, {"max_digits": 1}) + rg_rows("chain_sum", 12, 0, {"max_terms": 2, "max_digits": 1})
@@ -107,7 +107,7 @@ def test_solve_rate_rises_with_help_and_versions(scripted):
     mcq = f"{q}\nOptions:\n(A) 54\n(B) 56\n(C) 65\n(D) 15\nChoose the correct option and give its value as your final answer."
     fewshot = b.render([{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "\\boxed{4}"},
                         {"role": "user", "content": q}])
-    from tasks.lope import lorem_prefixes
+    from tasks.core.lope import lorem_prefixes
 
     lorem = b.render([{"role": "system", "content": lorem_prefixes(1, 0)[0]}, {"role": "user", "content": q}])
     assert solve_rate(read_prompt(_ask(b, mcq))) == min(1.0, plain + 6 / 8)

@@ -13,7 +13,7 @@ import random
 import pytest
 
 from models.backend import Sampling
-from tasks.mcmc import Trace, shape_traces, tokens_changed
+from tasks.core.mcmc import Trace, shape_traces, tokens_changed
 
 QUESTION = "What is 2 + 3?"
 LONG = ("We add the two numbers. Two plus three: 2 + 3 = 5. Checking: 5 - 3 = 2, which is right. "
@@ -181,8 +181,8 @@ def test_a_reference_cut_at_the_trace_cap_is_not_shaped_nor_trained_on(store):
     import pyarrow as pa
 
     from flows.config import load_config
-    from storage.ids import prompt_id
     from storage.query import sql
+    from tasks.core.ids import prompt_id
     from tasks.shape import shape
 
     cfg = load_config(sets=["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32",

@@ -71,8 +71,8 @@ def browser_run(tmp_path_factory):
 def test_the_form_starts_a_tiny_run_that_completes_and_its_report_renders(browser_run):
     from flows.config import RunConfig
     from storage.query import sql
+    from storage.runs import stored_config
     from storage.store import Store
-    from tasks.runs import stored_config
 
     rc, stderr, summary, store = browser_run
     assert summary.get("flow_run", {}).get("state") == "COMPLETED", f"{summary.get('error')}\n{stderr[-3000:]}"

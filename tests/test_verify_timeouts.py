@@ -42,9 +42,9 @@ class ScriptBackend:
 @pytest.fixture
 def two_prompts(store, monkeypatch):
     """Two prompts whose first sample hangs math-verify, with its timeout cut to 0.5 s."""
-    import tasks.rewards
+    import tasks.core.rewards
 
-    monkeypatch.setattr(tasks.rewards, "MATH_VERIFY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(tasks.core.rewards, "MATH_VERIFY_TIMEOUT_S", 0.5)
     rows = prompt_rows(2, offset=3)
     store.commit("ingest-t", {"prompts": rows})
     return dict(zip(rows["text"].to_pylist(), rows["answer"].to_pylist())), rows["prompt_id"].to_pylist()

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cache
 
-from tasks.rewards import exact_match, math_equiv
+from tasks.core.rewards import exact_match, math_equiv
 
 _ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
          "sixteen seventeen eighteen nineteen").split()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from storage.ids import prompt_id
+from tasks.core.ids import prompt_id
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from models.backend import logprob_temperature
 from models.hf import _autocast
-from tasks.lope import RATIO_FLOOR
+from tasks.core.lope import RATIO_FLOOR
 
 # k3 is unbounded where the policy has pushed a token far below the reference (exp(ref - logp)); one such
 # token gave a step KL of 127 and a gradient norm of 1607 in a real run. verl's "low_var_kl" clamps it at 10.

@@ -7,7 +7,7 @@ misses, digit swaps, results of a wrong operation) and, when a teacher is config
 (`distractor_payload`, `parse_distractors`; its answers come first, topped up by programmatic ones); none
 may verify as correct (checked here and again by the gate). The correct letter cycles
 over positions across the pool (by a hash of the prompt id), so no position is favoured. A letter stands for
-its option's value only on an mcq rung (`tasks.rewards.mcq_options`, read by the verifier); a cloze rung's answer is the
+its option's value only on an mcq rung (`tasks.core.rewards.mcq_options`, read by the verifier); a cloze rung's answer is the
 value. The cloze pattern masks a count of digits drawn uniformly from those that keep 50-80% masked and at
 least one digit shown.
 """
@@ -18,8 +18,8 @@ import hashlib
 import random
 import re
 
-from tasks.gate import cloze_mask_counts
-from tasks.rewards import LETTERS, exact_match
+from tasks.core.rewards import LETTERS, exact_match
+from tasks.strategies.gate import cloze_mask_counts
 
 LEVELS = ("mcq4", "mcq10", "cloze", "open")
 

@@ -208,10 +208,10 @@ class MathVerifyWorker:
         self._proc: subprocess.Popen | None = None
 
     def _start(self) -> subprocess.Popen:
-        root = str(Path(__file__).resolve().parents[1])  # the worker imports tasks.rewards from this checkout
+        root = str(Path(__file__).resolve().parents[2])  # the worker imports tasks.core.rewards from this checkout
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         with tempfile.TemporaryFile() as errors:  # closed whether or not the worker starts
-            proc = subprocess.Popen([sys.executable, "-c", "from tasks.rewards import _serve_math_verify as s; s()"],
+            proc = subprocess.Popen([sys.executable, "-c", "from tasks.core.rewards import _serve_math_verify as s; s()"],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, env=env,
                                     text=True, bufsize=1, start_new_session=True)  # Ctrl-C goes to us, not to it
             ready = select.select([proc.stdout], [], [], self.START_TIMEOUT_S)[0] and proc.stdout.readline()
@@ -314,7 +314,7 @@ def rg_score(pred: str | None, ref: str, task: str, question: str, meta: str | N
     return min(1.0, max(0.0, float(score or 0.0)))
 
 
-# How a bare letter is read on the format ladder's multiple-choice rungs (tasks/ladder.py makes them): the
+# How a bare letter is read on the format ladder's multiple-choice rungs (tasks/strategies/ladder.py makes them): the
 # verifier needs it, so it lives here and the ladder imports it (one direction: ladder -> rewards).
 LETTERS = "ABCDEFGHIJ"
 MCQ_LEVELS = ("mcq4", "mcq10")
