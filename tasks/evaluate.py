@@ -19,11 +19,25 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 from prefect import task
+from pydantic import Field
 
 from models.backend import Sampling
+from models.config import Section
 from storage.query import scan
 from storage.store import Store
 from tasks.reporting import sig4, timed
+
+
+class EvalConfig(Section):
+    """Held-out evaluation of every checkpoint."""
+
+    enabled: bool = Field(True, description="score every new checkpoint on the held-out prompts")
+    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of the round-0 pool's root "
+                                    "prompts held out; never selected, refined or trained on")
+    n_samples: int = Field(4, ge=1, le=1024, description="samples per held-out prompt")
+    k: int = Field(4, ge=1, le=1024, description="pass@k (k <= n_samples)")
+    temperature: float = Field(0.7, ge=0.0, le=2.0, description="sampling temperature of the evaluation")
+    seed: int = Field(0, ge=0, description="evaluation sampling seed; also picks the held-out prompts")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

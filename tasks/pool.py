@@ -13,13 +13,50 @@ from typing import Any
 
 import polars as pl
 from prefect import task
+from pydantic import Field, field_validator
 
+from models.config import Section
 from storage.query import scan
 from storage.store import Store
 from tasks.evaluate import heldout_roots
 from tasks.ingest import commit_prompts, load_source
 from tasks.reporting import timed
 from tasks.utility import next_pool
+
+
+class SourceSpec(Section):
+    """One prompt source of the run's pool."""
+
+    source: str = Field(description="`rg:<reasoning-gym task>`, or a .jsonl/.parquet path")
+    size: int = Field(100, ge=1, le=1_000_000, description="rg: how many prompts to generate")
+    params: dict[str, Any] = Field(default_factory=dict, description="rg: difficulty fields")
+
+
+# The embedded-model demo's pool: problems SmolLM2-135M solves about a third of the time, so most groups
+# are mixed, plus a few at harder settings so that the too_hard bucket is not empty.
+DEFAULT_SOURCES = [
+    SourceSpec(source="rg:products", size=20, params={"max_digits": 1}),
+    SourceSpec(source="rg:basic_arithmetic", size=20, params={
+        "min_terms": 2, "max_terms": 2, "max_digits": 1, "operators": ["+", "-"],
+        "allow_parentheses": False, "allow_negation": False}),
+    SourceSpec(source="rg:chain_sum", size=16, params={"min_terms": 2, "max_terms": 2, "max_digits": 1}),
+    SourceSpec(source="rg:products", size=4, params={"min_digits": 2, "max_digits": 2}),
+    SourceSpec(source="rg:chain_sum", size=4, params={"min_terms": 3, "max_terms": 4, "min_digits": 2, "max_digits": 2}),
+]
+
+
+class PoolConfig(Section):
+    sources: list[SourceSpec] = Field(default_factory=lambda: [s.model_copy() for s in DEFAULT_SOURCES],
+                                      description="where the run's prompts come from (at least one)",
+                                      json_schema_extra={"minItems": 1})
+    seed: int = Field(0, ge=0, description="generator seed for rg: sources")
+
+    @field_validator("sources")
+    @classmethod
+    def _some_source(cls, v: list[SourceSpec]) -> list[SourceSpec]:
+        if not v:
+            raise ValueError("is empty: a run needs at least one source (rg:<task> or a .jsonl/.parquet file)")
+        return v
 
 
 def initial_pool(store: Store, run_id: str, sources: list[Any], seed: int, heldout_fraction: float = 0.0,

@@ -30,13 +30,15 @@ import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 import pyarrow as pa
 from prefect import task
+from pydantic import Field
 
 from models.backend import Sampling
+from models.config import Section
 from storage.query import scan
 from storage.store import Store, fault_point
 from tasks.core.ids import prompt_id as content_id
@@ -53,6 +55,48 @@ from tasks.strategies.gate import (
 )
 from tasks.strategies.ladder import LEVELS, distractor_payload, make_cloze, make_mcq, next_level, parse_distractors
 from tasks.utility import lope_replaced
+
+
+class RefineConfig(Section):
+    """Refinement of too-hard, flat and saturated prompts into children (docs/algorithms.md §3)."""
+
+    strategies: list[Literal["ladder", "teacher_scaffold", "hint_prefix", "harden"]] = Field(
+        default_factory=lambda: ["ladder", "teacher_scaffold", "hint_prefix", "harden"],
+        description="enabled strategies; an empty list turns refinement off")
+    max_children: int = Field(24, ge=0, le=100_000, description="refinements per round, all strategies")
+    max_per_strategy: int = Field(8, ge=0, le=100_000, description="refinements per round and strategy")
+    promote_threshold: float = Field(0.5, ge=0.0, le=1.0, description="ladder promotion when mean reward > this")
+    hint_fraction: float = Field(0.3, gt=0.0, lt=1.0, description="f: share of the solution revealed; each "
+                                 "promotion of a hint child lowers it by 0.1, down to the open question")
+    teacher: str = Field("policy", description="'policy', `openai:<base url>#<model>`, or a model spec")
+    teacher_max_new_tokens: int = Field(128, ge=8, le=4096, description="longest teacher answer, in tokens")
+    teacher_distractors: bool = Field(True, description="ask the teacher for multiple-choice distractors "
+                                      "(programmatic ones fill the rest)")
+    teacher_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="openai teacher: seconds to connect and "
+                                     "to wait for each reply's bytes, per request; also caps a 429's Retry-After")
+    teacher_retries: int = Field(3, ge=0, le=20, description="openai teacher: retries of a request after a "
+                                 "connection error, timeout, 429 or 5xx; then that prompt falls back "
+                                 "('teacher unavailable: ...' in refinements) and the round goes on")
+    teacher_backoff_s: float = Field(1.0, ge=0.0, le=600.0, description="openai teacher: wait before the first "
+                                     "retry, doubled for each next one (a 429's Retry-After replaces it)")
+    teacher_concurrency: int = Field(4, ge=1, le=256, description="openai teacher: requests in flight at once")
+    scaffolds_from_policy: bool = Field(False, description="with teacher = 'policy', let the policy write "
+                                        "teacher_scaffold rewrites too (off: SmolLM2-135M wrote 0 valid ones in "
+                                        "20; configure a stronger teacher instead); distractors are still asked")
+    gate_min_similarity: float = Field(0.5, ge=-1.0, le=1.0, description="a rewrite's MiniLM cosine similarity "
+                                       "to its parent is at least this, else 'off topic'")
+    gate_min_word_share: float = Field(0.75, ge=0.0, le=1.0, description="share of a rewrite's words that are "
+                                       "dictionary words, at least; else 'not language'")
+    gate_min_function_share: float = Field(0.15, ge=0.0, le=1.0, description="share of English function words "
+                                           "(the, of, is...) in a rewrite of 5+ words, at least; else 'not language'")
+    gate_max_logprob_drop: float = Field(2.0, ge=0.0, le=100.0, description="a rewrite's mean token log-prob "
+                                         "under the base policy (version 0) is at most this many nats below its "
+                                         "parent's, else 'not language'")
+
+    def scaffolds_run(self) -> bool:
+        """Do teacher_scaffold rewrites run? They are on, and the teacher is not the policy unless
+        scaffolds_from_policy is set (a small policy's rewrites of its own failures are noise)."""
+        return "teacher_scaffold" in self.strategies and (self.teacher != "policy" or self.scaffolds_from_policy)
 
 TEACHER_TEMPLATE = """You are helping a student who keeps failing this problem.
 

@@ -20,8 +20,10 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 from prefect import task
+from pydantic import Field
 
 from models.backend import Sampling
+from models.config import Section
 from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store, fault_point
@@ -30,6 +32,25 @@ from tasks.core.lope import Rescue, is_lope_replaced, lope_rescue
 from tasks.core.rewards import report_timeouts, verify
 from tasks.fewshot import demonstrations, fewshot_messages
 from tasks.reporting import progress_reporter, sig4, timed
+
+
+class RolloutConfig(Section):
+    group_size: int = Field(8, ge=2, le=256, description="G: samples per prompt")
+    temperature: float = Field(0.7, ge=0.0, le=2.0, description="sampling temperature of rollouts (0: greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: keep the smallest token set with "
+                         "this much probability (1: off)")
+    max_new_tokens: int = Field(64, ge=1, le=8192, description="longest completion, in tokens")
+    seed: int = Field(0, ge=0, description="sampling seed; round r uses seed * 1000 + r")
+    instruction: str = Field("Put your final answer within \\boxed{}.",
+                             description="appended to every question before the chat template")
+    fewshot_p0: float = Field(0.5, ge=0.0, le=1.0, description="CBRL: p_t = p0 * (1 - t/T) of few-shot context")
+    fewshot_k: int = Field(2, ge=0, le=16, description="CBRL: solved sibling demonstrations per prompt (0: off)")
+    lope_prefixes: int = Field(6, ge=0, le=64, description="LoPE: Lorem-Ipsum system prefixes per all-fail "
+                               "group (0: off)")
+    lope_samples: int = Field(4, ge=0, le=64, description="LoPE: resamples per prefix")
+    lope_max_groups: int = Field(4, ge=0, le=1_000_000, description="LoPE: all-fail groups resampled per round")
+    include_reserve: bool = Field(False, description="reserve prompts are candidates too (default: only the "
+                                  "rescore flow re-probes them)")
 
 
 def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, include_reserve: bool) -> pl.DataFrame:

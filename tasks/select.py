@@ -19,17 +19,43 @@ group flat or solved) is drawn uniformly instead of dividing 0 by 0.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import numpy as np
 import polars as pl
 from prefect import task
+from pydantic import Field
 
+from models.config import Section
 from models.registry import load_backend
 from storage.query import scan
 from storage.store import Store
 from tasks.core.dapo import draw_order, first_batch_size
 from tasks.embed import cached_embeddings, embedding_space, policy_namespace
 from tasks.reporting import sig4, timed
+
+
+class SelectConfig(Section):
+    """Which prompts a round collects for (docs/algorithms.md §4). 'all' collects the whole pool."""
+
+    selector: Literal["kmeans", "uniform", "dapo_filter", "all"] = Field(
+        "kmeans", description="kmeans: EPS-weighted clusters of prompt embeddings; uniform: at random; "
+        "dapo_filter: DAPO dynamic sampling (over-sample, drop groups with no reward variance, refill to B; the "
+        "discards land in discarded_rollouts); all: the whole active pool")
+    batch_size: int = Field(48, ge=1, le=10_000_000, description="B: prompts selected per round")
+    k_max: int = Field(64, ge=1, le=4096, description="K = min(k_max, ceil(candidates / 8))")
+    temperature: float = Field(0.1, gt=0.0, le=100.0, description="T_sel of the cluster-weight softmax")
+    bonus: float = Field(0.1, ge=0.0, le=10.0, description="exploration bonus for never-scored prompts")
+    embedder: Literal["minilm", "policy", "hashing"] = Field(
+        "minilm", description="kmeans embeddings: minilm (packaged all-MiniLM-L6-v2), policy (the policy's "
+        "mean hidden state) or hashing (hashed word n-grams, no model)")
+    seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r")
+    dapo_oversample: float = Field(3.0, ge=1.0, le=100.0, description="dapo_filter: a generation batch draws "
+                                   "ceil(this * the groups still missing) prompts, the first ceil(this * B) "
+                                   "(DAPO's recipe: 3)")
+    dapo_max_batches: int = Field(10, ge=1, le=1000, description="dapo_filter: generation batches per round at "
+                                  "most, the first included; a batch still short then trains on fewer than B "
+                                  "groups, and the round's summary says so")
 
 SELECTORS = ("kmeans", "uniform", "dapo_filter")
 

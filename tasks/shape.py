@@ -8,17 +8,33 @@ from __future__ import annotations
 
 import hashlib
 import time
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 import pyarrow as pa
 from prefect import task
+from pydantic import Field
 
+from models.config import Section
 from storage.query import scan
 from storage.store import Store, fault_point
 from tasks.core.mcmc import CONTINUE, Trace, _mean, shape_traces, tokens_changed
 from tasks.reporting import progress_reporter, sig4, timed
 from tasks.utility import own_samples
+
+
+class ShapeConfig(Section):
+    """MCMC on-policy shaping of off-policy traces (docs/algorithms.md §5)."""
+
+    enabled: bool = Field(True, description="shape traces for prompts the policy cannot solve yet")
+    variant: Literal["mh", "greedy"] = Field("mh", description="mh: Metropolis-Hastings acceptance; greedy: "
+                                             "accept iff the mean log-prob under the policy rises")
+    steps: int = Field(8, ge=0, le=1000, description="S: MCMC steps per trace")
+    max_traces: int = Field(8, ge=0, le=1_000_000, description="traces shaped per round")
+    max_new_tokens: int = Field(64, ge=1, le=8192, description="longest proposed suffix")
+    teacher_traces: bool = Field(True, description="where a prompt has no reference solution, ask the teacher "
+                                 "(refine.teacher) for one; only traces that verify are used")
+    seed: int = Field(0, ge=0, description="MCMC proposal seed")
 
 TEACHER_SOLUTION = """Solve this problem step by step, briefly. Its correct final answer is {answer}; end with
 \\boxed{{{answer}}}.

@@ -25,17 +25,43 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import polars as pl
 import pyarrow as pa
 import torch
 from prefect import task
+from pydantic import Field
 
+from models.config import Section
 from storage.query import scan
 from storage.store import Store, fault_point
 from tasks.core.grpo import Sequence, group_advantages, grpo_token_terms, train_round  # noqa: F401  (re-exported)
 from tasks.reporting import progress_reporter, sig4, timed
+
+
+class TrainConfig(Section):
+    """The GRPO round (docs/algorithms.md §6). Each round that trains writes a new policy version."""
+
+    enabled: bool = Field(True, description="train a new policy version every round")
+    mode: Literal["full", "lora"] = Field("full", description="full fine-tune, or LoRA adapters (merged on save)")
+    lr: float = Field(1e-5, gt=0.0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="clip range below 1")
+    eps_high: float = Field(0.28, ge=0.0, le=10.0, description="clip range above 1 (clip-higher)")
+    kl_coef: float = Field(0.01, ge=0.0, le=10.0, description="k3 KL to the starting model (0: off)")
+    sft_weight: float = Field(0.1, ge=0.0, le=100.0, description="lambda_sft: NLL weight of shaped traces")
+    scale_std: bool = Field(True, description="divide advantages by the group std (false: Dr.GRPO)")
+    rows_per_step: int = Field(64, ge=1, le=1_000_000, description="sequences per optimizer step")
+    micro_batch: int = Field(8, ge=1, le=4096, description="sequences per forward/backward (gradient "
+                             "accumulation fills the step)")
+    micro_tokens: int = Field(1024, ge=16, le=10_000_000, description="padded tokens per forward/backward at "
+                              "most (bounds activation memory; a longer single sequence goes alone)")
+    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="gradient clipping by global norm")
+    lora_rank: int = Field(16, ge=1, le=1024, description="lora mode: rank of the adapters")
+    lora_alpha: int = Field(32, ge=1, le=4096, description="lora mode: adapter scale (alpha / rank)")
+    seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r (torch seed, "
+                      "micro-batch order)")
 
 
 def rollout_sequences(rollouts: pl.DataFrame, tokenizer, eos_id: int, scale_std: bool,

@@ -21,10 +21,18 @@ from __future__ import annotations
 
 import polars as pl
 from prefect import task
+from pydantic import Field
 
+from models.config import Section
 from storage.query import scan
 from storage.store import Store
 from tasks.reporting import timed
+
+
+class UtilityConfig(Section):
+    beta: float = Field(0.5, gt=0.0, le=100.0, description="EPS temperature: small favours hard-but-solvable")
+    tau: float = Field(0.0, ge=0.0, le=1.0, description="EPS threshold for 'informative' and reactivation")
+    eps: float = Field(1e-6, gt=0.0, le=0.1, description="tolerance for constant groups")
 
 GROUP_KEYS = ["run_id", "round", "policy_version", "prompt_id"]
 

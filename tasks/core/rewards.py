@@ -33,6 +33,17 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from models.config import Section
+
+
+class RewardConfig(Section):
+    verifier: Literal["auto", "rg", "math", "exact"] = Field("auto", description="auto: rg for rg: sources, else math")
+    strict: bool = Field(False, description="only \\boxed{} or `<answer>` tags count as an answer")
+    format_weight: float = Field(0.0, ge=0.0, le=1.0, description="weight of the format reward")
 
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*\$?([^\n$]*?)\$?\s*(?:\.(?!\d)|$|\n)", re.IGNORECASE)
 _MINUS_SIGNS = str.maketrans({"\u2212": "-", "\ufe63": "-", "\uff0d": "-"})
