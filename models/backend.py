@@ -23,8 +23,9 @@ Which distribution a log-prob describes:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,35 @@ class Backend(Protocol):
     def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]: ...
 
     def score(self, prompts: list[str], completions: list[str]) -> list[list[float]]: ...
+
+
+@runtime_checkable
+class TokenBackend(Backend, Protocol):
+    """A `Backend` that also works on token ids: what MCMC shaping, LoPE's trainer-side ratios and the
+    `policy` embedder need (transformers and the scripted policy implement it; a backend that does not is
+    refused up front by the stage that needs it, by name: `require_tokens`)."""
+
+    tokenizer: Any  # a Hugging Face tokenizer: chat template, encode/decode
+    eos_ids: list[int]  # every id that ends a completion
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Each text's token ids, without special tokens added."""
+        ...
+
+    def generate_ids(self, ids: list[list[int]], n: int, sampling: Sampling,
+                     progress: Callable[[int], None] | None = None,
+                     row_seeds: list[int] | None = None) -> list[list[Completion]]:
+        """`generate` on token ids; with `row_seeds`, each row's draws depend on its own seed alone."""
+        ...
+
+    def score_ids(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                  temperature: float = 1.0) -> list[list[float]]:
+        """Per-token log-probs of each completion given its prompt, at `temperature`."""
+        ...
+
+
+def require_tokens(backend: Backend, what: str) -> TokenBackend:
+    """`backend` as a TokenBackend, or a one-line error naming `what` needs it and which backend lacks it."""
+    if not isinstance(backend, TokenBackend):
+        raise ValueError(f"{what} needs a backend that generates and scores token ids; {backend.name!r} does not")
+    return backend

@@ -18,6 +18,9 @@ import shutil
 import uuid
 from pathlib import Path
 
+from models.backend import Backend
+from models.config import ModelConfig
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DIR = "smollm2-135m-instruct"
 TINY_DIR = "tiny-random-llama-v2"
@@ -136,6 +139,11 @@ def resolve(spec: str) -> str:
 
 _LOADED: dict[tuple, object] = {}
 MAX_LOADED = 2  # backends kept per process (policy and teacher), least recently used dropped
+
+
+def load_model(cfg: ModelConfig) -> Backend:
+    """The backend the model section names (its `policy`, on its backend, device, dtype and batch size)."""
+    return load_backend(cfg.policy, cfg.backend, cfg.device, cfg.dtype, cfg.batch_size)
 
 
 def load_backend(policy: str = "default", backend: str = "transformers", device: str = "cpu", dtype: str = "auto",

@@ -1,0 +1,78 @@
+"""The stage contract: what every curriculum stage takes, and the one skeleton all stages share.
+
+A stage is a function `fn(ctx, store, *sections) -> dict` over one round: it reads the store's partitions,
+calls the pure algorithms in tasks/core, commits one partition (`store.commit(name, ...)`) and returns a small
+summary. `@stage("name")` turns it into the Prefect task the flow calls, as `name_task(ctx, *sections)`:
+
+- it opens the `Store` at `ctx.store`;
+- a stage whose commit record already exists returns `{"stage", "round", "skipped": "already landed"}`
+  without running (resume is store-driven: docs/architecture.md);
+- the summary gains `stage`, `round` and `timing` (the stage's own compute time: `tasks.reporting.timed`).
+
+Choices, and why:
+- `RoundContext` is a pydantic model, so Prefect records it as a task parameter like any config section
+  and the UI shows it; it holds only what names the round (where, which run, which round, which policy), not
+  data. Its `model` is the run's model section with `policy` set to the round's policy spec, so a stage
+  loads this round's policy with `load_backend(ctx.model)`.
+- The undecorated function stays importable and callable with a plain `Store` (tests and benchmarks call it
+  directly); `stage(...)` also exposes the skeleton without Prefect as `task.fn(ctx, *sections)`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import polars as pl
+from prefect import task
+from pydantic import BaseModel, ConfigDict, Field
+
+from models.config import ModelConfig
+from storage.rounds import this_round
+from storage.store import Store
+from tasks.reporting import timed
+
+
+class RoundContext(BaseModel):
+    """Which round of which run a stage works on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    store: str = Field(description="the store's root (a path or an s3:// URI)")
+    run_id: str = Field(description="the run")
+    round: int = Field(ge=0, description="the round, from 0")
+    policy_version: int = Field(0, ge=0, description="the checkpoint version this round samples (0: the base)")
+    base: str = Field("default", description="the run's base model spec (version 0)")
+    rounds: int = Field(1, ge=1, description="rounds of the run (few-shot annealing reads it)")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="the model section, with `policy` "
+                               "set to this round's policy spec")
+
+    @property
+    def policy(self) -> str:
+        """This round's policy spec (a checkpoint folder, or the base spec at version 0)."""
+        return self.model.policy
+
+    def rows(self, store: Store, table: str) -> pl.LazyFrame:
+        """This run's rows of `table` from this round (the this-round filter, in one place)."""
+        return this_round(store, table, self.run_id, self.round)
+
+
+def skipped(name: str, round: int | None) -> dict:
+    return {"stage": name, "round": round, "skipped": "already landed"}
+
+
+def stage(name: str, **task_options: Any) -> Callable[[Callable[..., dict]], Any]:
+    """Make `fn(ctx, store, *sections) -> dict` the Prefect task `name` taking `(ctx, *sections)`."""
+
+    def wrap(fn: Callable[..., dict]) -> Any:
+        @functools.wraps(fn)
+        def run(ctx: RoundContext, *sections: Any, **kwargs: Any) -> dict:
+            store = Store(ctx.store)
+            if store.landed(ctx.run_id, ctx.round, name):
+                return skipped(name, ctx.round)
+            return {"stage": name, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
+
+        return task(name=name, **task_options)(timed(run))
+
+    return wrap
