@@ -9,7 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
-def _in_prefect_run() -> bool:
+def in_prefect_run() -> bool:
+    """Is this code running inside a Prefect flow run or task run?"""
     from prefect.context import FlowRunContext, TaskRunContext
 
     return FlowRunContext.get() is not None or TaskRunContext.get() is not None
@@ -21,7 +22,7 @@ def progress_reporter(label: str, total: int) -> Iterator[Callable[[int], None]]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     artifact_id = None
-    if _in_prefect_run():
+    if in_prefect_run():
         from prefect.artifacts import create_progress_artifact
 
         artifact_id = create_progress_artifact(progress=0.0, description=label)

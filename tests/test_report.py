@@ -20,7 +20,7 @@ from conftest import q
 from PIL import Image
 
 from storage.store import Store
-from tasks import report
+from tasks import report_plots
 from tasks.report import PLOTS, publish_round_artifacts, round_table, run_frames, slug, write_report
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -159,7 +159,7 @@ def test_every_plot_of_a_full_run_and_the_swap(synthetic, monkeypatch):
     def broken(frame):
         raise RuntimeError("disk full")
 
-    monkeypatch.setitem(report._PLOT_SOURCES, "eval", ("evals", "evals", broken))
+    monkeypatch.setitem(report_plots.PLOT_SOURCES, "eval", ("evals", "evals", broken))
     with pytest.raises(RuntimeError, match="disk full"):
         write_report(synthetic, SYN)
     assert (folder / "report.json").read_text() == before
@@ -171,13 +171,13 @@ def test_plots_draw_the_rows_behind_them(synthetic):
     rounds = [r["round"] for r in q(synthetic, f"SELECT DISTINCT round FROM prompt_scores WHERE run_id = '{SYN}' ORDER BY 1")]
     assert rounds == [0, 1, 2]
 
-    ax = report.plot_pass_rate(f["scores"]).axes[0]
+    ax = report_plots.plot_pass_rate(f["scores"]).axes[0]
     assert list(ax.get_xticks()) == rounds
     points = np.concatenate([c.get_offsets()[:, 1] for c in ax.collections])
     rewards = q(synthetic, f"SELECT mean_reward FROM prompt_scores WHERE run_id = '{SYN}' ORDER BY round, prompt_id")
     assert points.tolist() == [r["mean_reward"] for r in rewards]
 
-    fig = report.plot_buckets(f["scores"])
+    fig = report_plots.plot_buckets(f["scores"])
     bars = {c.get_label(): [p.get_height() for p in c.patches] for c in fig.axes[0].containers}
     counts = q(synthetic, f"SELECT round, bucket, count(*) AS n FROM prompt_scores WHERE run_id = '{SYN}' GROUP BY ALL")
     assert set(bars) == {c["bucket"] for c in counts}
@@ -189,7 +189,7 @@ def test_plots_draw_the_rows_behind_them(synthetic):
                             WHERE a.run_id = '{SYN}' AND b.run_id = '{SYN}'""")[0]["n"]
     assert sum(int(t.get_text()) for t in fig.axes[1].texts) == moved == 17 + 14
 
-    ax = report.plot_lineage(f["lineage"]).axes[0]
+    ax = report_plots.plot_lineage(f["lineage"]).axes[0]
     accepted = q(synthetic, f"SELECT round, strategy, count(*) AS n FROM refinements WHERE run_id = '{SYN}' AND accepted "
                             "GROUP BY ALL")
     for c in ax.containers:
@@ -198,7 +198,7 @@ def test_plots_draw_the_rows_behind_them(synthetic):
     running = next(line for line in ax.lines if line.get_label() == "running total")
     assert running.get_ydata()[-1] == sum(a["n"] for a in accepted) > 0
 
-    ax = report.plot_eval(f["evals"]).axes[0]
+    ax = report_plots.plot_eval(f["evals"]).axes[0]
     evals = q(synthetic, f"SELECT policy_version, pass_at_1, pass_at_k FROM evals WHERE run_id = '{SYN}' "
                          "AND split = 'heldout' ORDER BY policy_version")
     lines = {line.get_label(): line for line in ax.lines}
@@ -206,7 +206,7 @@ def test_plots_draw_the_rows_behind_them(synthetic):
     assert list(lines["pass@1"].get_ydata()) == [e["pass_at_1"] for e in evals]
     assert list(lines["pass@4"].get_ydata()) == [e["pass_at_k"] for e in evals]
 
-    fig = report.plot_train_loss(f["train"])
+    fig = report_plots.plot_train_loss(f["train"])
     loss = [r["loss"] for r in q(synthetic, f"SELECT loss FROM train_steps WHERE run_id = '{SYN}' ORDER BY round, step")]
     lines = {line.get_label(): line for line in fig.axes[0].lines}
     assert list(lines["loss"].get_ydata()) == loss and len(loss) == 5 + 6 + 7

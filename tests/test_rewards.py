@@ -7,7 +7,9 @@ import time
 import pytest
 import reasoning_gym
 
-from tasks.core.rewards import MATH_VERIFY, exact_match, extract_answer, last_boxed, math_check, math_equiv, verify
+from tasks.core.answers import exact_match, extract_answer, last_boxed
+from tasks.core.math_verify_worker import MATH_VERIFY, math_check, math_equiv
+from tasks.core.rewards import verify
 
 # sympy evaluates this power exactly: minutes of big-integer arithmetic that hold the GIL the whole time
 HANGS_MATH_VERIFY = r"10^{10^{10}}"
@@ -188,7 +190,7 @@ def test_a_worker_that_does_not_start_closes_its_stderr_file(monkeypatch):
     import sys
     import tempfile
 
-    from tasks.core.rewards import MathVerifyWorker
+    from tasks.core.math_verify_worker import MathVerifyWorker
 
     opened = []
     real = tempfile.TemporaryFile
@@ -198,7 +200,7 @@ def test_a_worker_that_does_not_start_closes_its_stderr_file(monkeypatch):
         return opened[-1]
 
     monkeypatch.setattr(tempfile, "TemporaryFile", recording)
-    monkeypatch.setattr(sys, "executable", "/bin/sh")  # `sh -c "from tasks.core.rewards import ..."` fails at once
+    monkeypatch.setattr(sys, "executable", "/bin/sh")  # `sh -c "from tasks.core.math_verify_worker import ..."` fails at once
     with pytest.raises(RuntimeError, match="the math-verify worker process did not start: "):
         MathVerifyWorker()._start()
     assert len(opened) == 1 and opened[0].closed

@@ -9,9 +9,9 @@ Before the fix the hanging check held the GIL on a worker thread and the stage n
 import logging
 
 import pytest
-from conftest import land_pool, prompt_rows
+from conftest import land_pool, prompt_rows, round_ctx
 
-from flows.config import EvalConfig, ModelConfig, RewardConfig, RolloutConfig
+from flows.config import EvalConfig, ModelConfig, RewardConfig, RolloutConfig, SelectConfig
 from models.backend import Completion
 from storage.query import sql
 
@@ -42,9 +42,9 @@ class ScriptBackend:
 @pytest.fixture
 def two_prompts(store, monkeypatch):
     """Two prompts whose first sample hangs math-verify, with its timeout cut to 0.5 s."""
-    import tasks.core.rewards
+    import tasks.core.math_verify_worker
 
-    monkeypatch.setattr(tasks.core.rewards, "MATH_VERIFY_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(tasks.core.math_verify_worker, "MATH_VERIFY_TIMEOUT_S", 0.5)
     rows = prompt_rows(2, offset=3)
     store.commit("ingest-t", {"prompts": rows})
     return dict(zip(rows["text"].to_pylist(), rows["answer"].to_pylist())), rows["prompt_id"].to_pylist()
@@ -64,12 +64,13 @@ def test_collect_flags_counts_and_logs_timeouts_and_scores_the_rest(store, two_p
 
     answers, ids = two_prompts
     land_pool(store, "t", 0, ids)
-    monkeypatch.setattr(tasks.rollout, "load_backend", lambda *a, **k: ScriptBackend(tiny_backend, answers))
+    monkeypatch.setattr(tasks.rollout, "load_model", lambda *a, **k: ScriptBackend(tiny_backend, answers))
     cfg = RolloutConfig(group_size=4, fewshot_k=0, lope_prefixes=0)
     logged = Lines()  # on the logger itself: Prefect's logging set-up replaces the root handlers caplog uses
     logging.getLogger("refinery.verify").addHandler(logged)
     try:
-        out = tasks.rollout.collect(store, "t", 0, 0, ModelConfig(policy="tiny-random"), cfg, RewardConfig())
+        out = tasks.rollout.collect_task.fn(round_ctx(store, "t", 0, model=ModelConfig(policy="tiny-random")), cfg,
+                                            RewardConfig(), SelectConfig())
     finally:
         logging.getLogger("refinery.verify").removeHandler(logged)
     assert out["verify_timeouts"] == 2
@@ -88,7 +89,7 @@ def test_evaluate_counts_timeouts_and_scores_the_rest(store, two_prompts, tiny_b
     answers, ids = two_prompts
     land_pool(store, "e", 0, ids, status="heldout")
     monkeypatch.setattr(models.registry, "load_backend", lambda *a, **k: ScriptBackend(tiny_backend, answers))
-    out = evaluate_versions(store, "e", 0, [(0, "tiny-random")], EvalConfig(n_samples=4, k=2), ModelConfig(),
+    out = evaluate_versions(store, round_ctx(store, "e", 0), [(0, "tiny-random")], EvalConfig(n_samples=4, k=2),
                             RolloutConfig(), RewardConfig())
     assert out["verify_timeouts"] == 2
     assert out["versions"][0]["pass_at_1"] == 0.5  # 2 of 4 right per prompt: the timed-out one cost only itself
