@@ -13,19 +13,9 @@ record is the commit point: readers list data files from commit records only, so
 missing is invisible however far its renames got. Ingested prompts have no run: they land under
 `run_id=_ingest/round=_`.
 
-Commit records are validated on every read: a record that is not JSON, lacks a key, lies at a path that does
-not match its content, names a file outside its own stage folder or a file that does not exist, and any
-stray file under `_landed/`, is reported once per process by path in one log line and skipped. A stage whose
-record is invalid counts as not landed, for readers and for resume alike, so a resumed run re-runs it and its
-commit replaces the record (and the stage folder); until then `cleanup` keeps that folder, which may be all
-that is left of an ingest.
-
-Temp folders are claimed atomically: a writer creates `.tmp/<uuid>` and its `owner.json` under the commit
-lock, which `cleanup` holds for its whole scan, so cleanup never sees a folder without its owner. On a remote
-root the owner record is the folder's first object (object stores have no empty folders). Cleanup removes a
-folder whose owner is this host and a dead pid, or whose owner record is missing (debris of a crash), and a
-folder of another host only when it is older than `FOREIGN_TMP_TTL_S` (it cannot tell whether that host's
-writer is alive).
+Around this module: storage/records.py reads and validates commit records (an invalid one is reported and
+counts as not landed), storage/cleanup.py removes what crashed writers left (`Store.cleanup`). The temp folder
+is claimed with its owner record under the commit lock, the one cleanup holds while it scans.
 """
 
 from __future__ import annotations
@@ -50,19 +40,17 @@ import pyarrow.parquet as pq
 from filelock import FileLock
 from fsspec.implementations.local import LocalFileSystem
 
-from storage.schemas import TABLES, conform, schema
+from storage.cleanup import FOREIGN_TMP_TTL_S, remove_debris
+from storage.records import NO_ROUND, NO_RUN, partition, read_record, record_path, scan_records
+from storage.schemas import conform, schema
+
+__all__ = ["DEFAULT_ROOT", "FOREIGN_TMP_TTL_S", "NO_ROUND", "NO_RUN", "PART_ROWS", "Commit", "Store", "check_name",
+           "default_root", "fault_point"]
 
 log = logging.getLogger("refinery.store")
 
 DEFAULT_ROOT = "./refinery-store"
-NO_RUN = "_ingest"
-NO_ROUND = "_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-# _landed/run_id=<run>/round=<round>/<stage>.json, and the in-flight temp name of an atomic write of one
-_RECORD = re.compile(r"^run_id=([^/]+)/round=([^/]+)/([^/]+)\.json$")
-_RECORD_IN_FLIGHT = re.compile(r"^run_id=[^/]+/round=[^/]+/[^/]+\.json\.[0-9a-f]{32}\.tmp$")
-FOREIGN_TMP_TTL_S = 24 * 3600  # another host's temp folder is removed only when its owner record is this old
-_reported: set[tuple[str, str]] = set()  # (path, problem) already logged by this process
 
 
 def default_root() -> str:
@@ -122,13 +110,6 @@ class Store:
     def path(self, *parts: str) -> str:
         return "/".join([self.root, *parts])
 
-    @staticmethod
-    def _partition(run_id: str | None, round: int | None) -> tuple[str, str]:
-        return f"run_id={run_id if run_id is not None else NO_RUN}", f"round={NO_ROUND if round is None else round}"
-
-    def _record_path(self, run_id: str | None, round: int | None, stage: str) -> str:
-        return self.path("_landed", *self._partition(run_id, round), f"{stage}.json")
-
     # ---- locks ---------------------------------------------------------------------------------------------
     @contextmanager
     def lock(self, name: str, timeout: float = 600.0) -> Iterator[None]:
@@ -148,25 +129,9 @@ class Store:
     # ---- commit --------------------------------------------------------------------------------------------
     def landed(self, run_id: str | None, round: int | None, stage: str) -> bool:
         """Has this stage of this run and round been committed? Resume logic asks this. A record that is
-        invalid (see `records`) is reported and counts as not landed: the stage runs again and replaces it."""
-        path = self._record_path(run_id, round, stage)
-        try:
-            with self.fs.open(path, "r") as f:
-                text = f.read()
-        except FileNotFoundError:
-            return False
-        except (OSError, UnicodeDecodeError) as e:
-            _report(path, f"unreadable: {e}")
-            return False
-        record, problem = self._parse_record(path, text)
-        if problem is None:
-            missing = [p for t in record["tables"].values() for p in t["paths"] if not self.fs.exists(self.path(p))]
-            if missing:
-                problem = f"names {len(missing)} data file(s) that do not exist, e.g. {missing[0]}"
-        if problem is not None:
-            _report(path, problem)
-            return False
-        return True
+        invalid (see storage/records.py) is reported and counts as not landed: the stage runs again and
+        replaces it."""
+        return read_record(self.fs, self.root, record_path(self.root, run_id, round, stage)) is not None
 
     def commit(
         self,
@@ -184,7 +149,7 @@ class Store:
             log.info(result.message)
             return result
         conformed = {name: conform(name, t) for name, t in tables.items()}
-        part = self._partition(run_id, round)
+        part = partition(run_id, round)
         stage_dir = f"stage={stage}"
 
         tmp = self._claim_tmp()
@@ -219,7 +184,7 @@ class Store:
                 "tables": files,
                 "committed_at": datetime.now(UTC).isoformat(),
             }
-            self._write_atomic(self._record_path(run_id, round, stage), json.dumps(record, indent=1))
+            self._write_atomic(record_path(self.root, run_id, round, stage), json.dumps(record, indent=1))
             self.fs.rm(tmp, recursive=True)
         result = Commit(run_id, round, stage, landed_now=True, rows={n: t.num_rows for n, t in conformed.items()})
         log.info(result.message)
@@ -273,79 +238,7 @@ class Store:
 
     def scan_records(self) -> tuple[list[dict], list[tuple[str, str]]]:
         """(valid commit records, [(path, problem)] for every other file under `_landed/`)."""
-        top = self.path("_landed")
-        good, bad = [], []
-        try:
-            found = sorted(self.fs.find(top))
-        except FileNotFoundError:
-            found = []
-        existing: dict[str, set[str]] = {}  # table -> its data files, listed once per call
-
-        def exists(rel: str) -> bool:
-            table = rel.split("/", 1)[0]
-            if table not in existing:
-                existing[table] = set(self.fs.glob(self.path(table, "run_id=*", "round=*", "stage=*", "*")))
-            return self.path(rel) in existing[table]
-
-        for p in found:
-            rel = p[len(top) + 1 :] if p.startswith(top + "/") else p
-            if _RECORD_IN_FLIGHT.match(rel):
-                continue  # a record being written right now (write-then-rename), or debris of one
-            if not _RECORD.match(rel):
-                bad.append((p, "not a commit record (a stray file), ignored"))
-                continue
-            try:
-                with self.fs.open(p, "r") as f:
-                    text = f.read()
-            except (OSError, UnicodeDecodeError) as e:
-                bad.append((p, f"unreadable: {e}"))
-                continue
-            record, problem = self._parse_record(p, text)
-            if problem is None:
-                missing = [rp for t in record["tables"].values() for rp in t["paths"] if not exists(rp)]
-                if missing:
-                    problem = f"names {len(missing)} data file(s) that do not exist, e.g. {missing[0]}"
-            if problem is None:
-                good.append(record)
-            else:
-                bad.append((p, problem))
-        for p, problem in bad:
-            _report(p, problem)
-        return good, bad
-
-    def _parse_record(self, path: str, text: str) -> tuple[dict, str | None]:
-        """Check a commit record against the layout; returns it and None, or ({}, the problem in a few words).
-
-        Every data path must lie in the stage's own folder, so a forged record cannot point the views at
-        other files of the store (Prefect's database, a lock) or outside it."""
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as e:
-            return {}, f"not valid JSON ({e})"
-        if not isinstance(record, dict):
-            return {}, f"not a JSON object but {type(record).__name__}"
-        missing = [k for k in ("run_id", "round", "stage", "tables") if k not in record]
-        if missing:
-            return {}, "missing key(s) " + ", ".join(map(repr, missing))
-        run_id, round, stage, tables = record["run_id"], record["round"], record["stage"], record["tables"]
-        if not (run_id is None or isinstance(run_id, str)) or not (round is None or isinstance(round, int)) \
-                or isinstance(round, bool) or not isinstance(stage, str) or not isinstance(tables, dict):
-            return {}, "run_id, round, stage or tables has the wrong type"
-        if path != self._record_path(run_id, round, stage):
-            return {}, f"its content (run {run_id}, round {round}, stage {stage}) does not match its path"
-        part = "/".join(self._partition(run_id, round))
-        for table, entry in tables.items():
-            if table not in TABLES:
-                return {}, f"unknown table {table!r}"
-            if not isinstance(entry, dict) or not isinstance(entry.get("paths"), list) \
-                    or not isinstance(entry.get("rows"), int):
-                return {}, f"table {table!r} needs a list of 'paths' and a number of 'rows'"
-            folder = f"{table}/{part}/stage={stage}/"
-            for rel in entry["paths"]:
-                name = rel[len(folder) :] if isinstance(rel, str) and rel.startswith(folder) else None
-                if not name or "/" in name or name.startswith(".") or not name.endswith(".parquet"):
-                    return {}, f"table {table!r} names {rel!r}, which is not a part file of this stage"
-        return record, None
+        return scan_records(self.fs, self.root)
 
     def files(self, table: str, records: list[dict] | None = None) -> list[str]:
         """The data files of `table` that belong to landed stages (full paths or URIs)."""
@@ -361,52 +254,8 @@ class Store:
 
     # ---- crash debris --------------------------------------------------------------------------------------
     def cleanup(self, now: float | None = None) -> list[str]:
-        """Remove what crashed writers left: temp folders whose owner is gone, and stage folders that were
-        renamed into a table but never got a commit record. Runs under the commit lock, so it never races a
-        commit's renames or a temp folder's creation (see `_claim_tmp`). Kept: temp folders of live writers
-        of this host, of other hosts unless older than FOREIGN_TMP_TTL_S (by the owner record's `created`, or
-        its modification time for a record written before that field existed), and the stage folders of
-        invalid records (the stage's re-run replaces them)."""
-        removed = []
-        host = socket.gethostname()
-        now = time.time() if now is None else now
-        with self.lock("commit"):
-            for tmp in self.fs.glob(self.path(".tmp", "*")):
-                try:
-                    with self.fs.open(f"{tmp}/owner.json", "r") as f:
-                        owner = json.load(f)
-                    if not isinstance(owner, dict):
-                        owner = {}
-                except (FileNotFoundError, json.JSONDecodeError, UnicodeDecodeError):
-                    owner = {}  # claimed folders always hold their owner record: this one is debris
-                if owner.get("host") == host:
-                    if _pid_alive(owner.get("pid")):
-                        continue
-                elif owner:
-                    created = owner.get("created")
-                    if not isinstance(created, (int, float)):  # an owner record from before `created` existed
-                        created = _modified(self.fs, f"{tmp}/owner.json")
-                    if created is None or now - created < FOREIGN_TMP_TTL_S:
-                        continue  # another host's writer may still be at work
-                try:
-                    self.fs.rm(tmp, recursive=True)
-                except FileNotFoundError:
-                    continue
-                removed.append(tmp)
-            records, bad = self.scan_records()
-            landed = {p.rsplit("/", 1)[0] for r in records for t in r["tables"].values() for p in t["paths"]}
-            invalid = {p for p, _ in bad}
-            for table in TABLES:
-                for stage_dir in self.fs.glob(self.path(table, "run_id=*", "round=*", "stage=*")):
-                    rel = stage_dir[len(self.root) + 1 :]
-                    if rel in landed:
-                        continue
-                    _, run_part, round_part, stage_part = rel.split("/")
-                    if self.path("_landed", run_part, round_part, stage_part[len("stage="):] + ".json") in invalid:
-                        continue  # keep the data of an invalid record: the stage's re-run replaces both
-                    self.fs.rm(stage_dir, recursive=True)
-                    removed.append(stage_dir)
-        return removed
+        """Remove what crashed writers left (storage/cleanup.py) and return the removed paths."""
+        return remove_debris(self, now)
 
 
 PART_ROWS = 50_000  # a stage's table is written as parts of about this many rows, in parallel
@@ -416,41 +265,3 @@ def _split(t: pa.Table) -> list[pa.Table]:
     n = max(1, min(os.cpu_count() or 1, -(-t.num_rows // PART_ROWS)))
     size = -(-t.num_rows // n) if t.num_rows else 0
     return [t.slice(i * size, size) for i in range(n)]
-
-
-def _report(path: str, problem: str) -> None:
-    """Log a skipped `_landed/` file once per process, in one line that names it."""
-    if (path, problem) not in _reported:
-        _reported.add((path, problem))
-        log.warning("skipping %s: %s", path, problem)
-
-
-def _modified(fs, path: str) -> float | None:
-    """`path`'s modification time (epoch seconds) on `fs`, or None if the filesystem cannot say."""
-    try:
-        return fs.modified(path).timestamp()
-    except Exception:  # NotImplementedError on some filesystems; then look in info() under the usual names
-        pass
-    try:
-        info = fs.info(path)
-    except Exception:
-        return None
-    for key in ("mtime", "LastModified", "updated", "last_modified"):
-        value = info.get(key)
-        if isinstance(value, (int, float)):
-            return float(value)
-        if hasattr(value, "timestamp"):
-            return value.timestamp()
-    return None
-
-
-def _pid_alive(pid) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
