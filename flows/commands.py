@@ -1,0 +1,181 @@
+"""The `refinery` commands that start work through Prefect: run, ingest, eval, rescore, report, serve.
+
+Prefect is imported lazily, after `prepare_prefect` has pointed its home inside the store, so that it never
+scatters state into ~ and commands that need no flow start fast. What can be checked before Prefect starts is
+(a run's whole config, an ingest source's name and file), so a typo costs no server start; such an error is a
+`CliError`, printed by flows/cli.py as one line plus its hint. Prefect's console log is silenced unless -v is
+given: its ERROR records carry the same traceback again (its API log handler still feeds the UI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from flows.prefect_home import prefect_home
+from flows.run_summary import print_summary
+
+
+class CliError(ValueError):
+    """A bad command-line input, found before any work; `hint` is printed on a second line."""
+
+    user_facing = True
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+def prepare_prefect(store_uri: str, verbose: bool, console: bool = False) -> None:
+    """Keep Prefect's home and database in a folder the user can see, and its console logs quiet (unless
+    `verbose`, or `console` for a command whose job is to show them)."""
+    os.environ["PREFECT_HOME"] = str(prefect_home(store_uri))
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    if not (verbose or console):
+        # Prefect logs a failing task or flow at ERROR with its whole traceback (and again per state change);
+        # the CLI prints the reason as one line instead. The API handler still sends every record to the UI.
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    # A fresh ephemeral server migrates its SQLite database first; on a busy 2-core machine that has taken
+    # over Prefect's default 20 s, and the run then died before doing anything.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    if not verbose:
+        # The ephemeral Prefect server cancels its SQLite connections at interpreter exit, and SQLAlchemy logs
+        # that as an ERROR with a traceback after a successful run; it is shutdown noise, not a failure.
+        import logging
+
+        logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
+
+
+def _params(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise ValueError(f"--param {p!r}: expected key=value")
+        k, v = p.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _check_ingest_source(source: str, params: dict) -> None:
+    """The source's name, and a file's existence, type and emptiness, before Prefect starts (the flow then
+    validates every row)."""
+    if source.startswith("rg:"):
+        from tasks.core.sources import parse_param, rg_config_fields
+
+        rg_config_fields(source[3:])
+        for k, v in params.items():
+            parse_param(source[3:], k, v)
+        return
+    path = Path(source)
+    if not path.exists():
+        raise CliError(f"{source}: no such file", hint="a source is rg:<reasoning-gym task> or a .jsonl/.parquet file")
+    if not path.is_file():
+        raise CliError(f"{source} is a folder, not a .jsonl or .parquet file")
+    if path.suffix.lower() == ".jsonl" and not _has_text(path):
+        raise CliError(f"{source}: no rows (the file is empty or holds only blank lines)")
+
+
+def _has_text(path: Path, chunk: int = 1 << 16) -> bool:
+    with path.open("rb") as f:
+        while block := f.read(chunk):
+            if block.strip():
+                return True
+    return False
+
+
+def cmd_ingest(a: argparse.Namespace) -> int:
+    _check_ingest_source(a.source, _params(a.param))
+    prepare_prefect(a.store, a.verbose)
+    from flows.ingest import ingest
+
+    summary = ingest(a.source, size=a.size, seed=a.seed, params=_params(a.param), skip_invalid=a.skip_invalid,
+                     source_name=a.source_name, store=a.store)
+    from tasks.ingest import IngestSummary
+
+    for line in summary["skipped"]:
+        print(f"skipped {line}", file=sys.stderr)
+    print(IngestSummary(**summary))
+    return 0
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from flows.config import load_config, placed
+    from flows.preflight import validate_for_run
+
+    config = load_config(a.config, a.set, run_id=a.run_id, rounds=a.rounds, store=a.store)  # fails before any work
+    # run id (named in the hint below) and store filled in first: the flow validates the very same config,
+    # so its own check is free
+    config = placed(config)
+    validate_for_run(config)  # sources, models, teacher, backend: still before Prefect starts
+    prepare_prefect(a.store, a.verbose)
+    from flows.curriculum import curriculum
+    try:
+        out = curriculum(config)
+    except Exception as e:
+        if getattr(e, "hint", None) is None and _marked_failed(config.store, config.run_id):
+            e.hint = (f"run {config.run_id} is marked failed (runs.reason says why); the same command with "
+                      f"--run-id {config.run_id} resumes it at the first stage that has not landed")
+        raise
+    print_summary(out)
+    return 0
+
+
+def _marked_failed(store_uri: str, run_id: str) -> bool:
+    """Did the run end as `failed` (not refused before it started, nor locked by another process)?"""
+    from storage.runs import run_rows
+    from storage.store import Store
+
+    try:
+        rows = run_rows(Store(store_uri), run_id)
+    except Exception:  # the store itself is the problem: the error line says so, and no hint is better
+        return False
+    return rows.height > 0 and rows["status"][-1] == "failed"
+
+
+def cmd_eval(a: argparse.Namespace) -> int:
+    prepare_prefect(a.store, a.verbose)
+    from flows.evaluate import evaluate
+
+    out = evaluate(run_id=a.run_id, checkpoint=a.checkpoint, store=a.store)
+    for e in out["evals"]:
+        print(f"run {out['run_id']} v{e['policy_version']} (round {e['round']}, {e['split']}, {e['n_prompts']} "
+              f"prompts): pass@1 {e['pass_at_1']:.3f}, pass@{e['k']} {e['pass_at_k']:.3f}")
+    return 0
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    prepare_prefect(a.store, a.verbose)  # tasks.report imports prefect
+    from storage.store import Store
+    from tasks.report import write_report
+
+    print(write_report(Store(a.store), a.run_id, a.out) / "index.html")
+    return 0
+
+
+def cmd_rescore(a: argparse.Namespace) -> int:
+    prepare_prefect(a.store, a.verbose)
+    from flows.rescore import rescore
+
+    out = rescore(run_id=a.run_id, store=a.store)
+    if "skipped" in out:
+        print(f"rescore: {out['skipped']}")
+    else:
+        buckets = ", ".join(f"{k} {v}" for k, v in sorted(out["buckets"].items())) or "none"
+        print(f"run {out['run_id']} round {out['round']}: rescored {out['reserve']} reserve prompts with "
+              f"v{out['policy_version']} ({buckets}); {out['reactivated']} come back as active next round")
+    return 0
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from flows import serve
+
+    if a.stop:
+        state = serve.stop_running(serve.prefect_home(a.store))
+        print(f"stopped refinery serve (pid {state['pid']}) at {state['url']}; port {state['port']} is closed")
+        return 0
+    prepare_prefect(a.store, a.verbose, console=True)  # the worker's flow-run logs are what serve shows
+    return serve.run(a.store, a.port, a.pool)
