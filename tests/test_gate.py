@@ -6,16 +6,15 @@ import math
 
 import pytest
 
-from tasks.refine import TEACHER_TEMPLATE
 from tasks.strategies.gate import (
     RewriteBounds,
     RewriteGate,
     language_shares,
     mean_logprobs,
-    missing_quantities,
-    quantities,
     reason_category,
 )
+from tasks.strategies.numbers import missing_quantities, quantities
+from tasks.strategies.teacher import TEACHER_TEMPLATE
 
 PARENT = "Solve the following multiplication: 7 * 8. Give only the result as your final answer."
 TINY_NOISE = [  # tiny-random as teacher, 128 new tokens, cut to their first ~25 words
@@ -135,7 +134,8 @@ def test_logprob_bound_is_relative_to_the_parent(tiny_backend):
 
 # ---- the leak check: the answer's value in any spelling --------------------------------------------------
 
-from tasks.strategies.gate import check_child, leak_count  # noqa: E402
+from tasks.strategies.gate import check_child  # noqa: E402
+from tasks.strategies.numbers import leak_count  # noqa: E402
 
 SEVEN_EIGHT = "Solve the following multiplication: 7 * 8."
 

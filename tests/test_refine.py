@@ -3,10 +3,11 @@ import json
 import polars as pl
 import pytest
 
+from tasks.core.pool_rules import next_pool
 from tasks.core.rewards import exact_match, math_equiv, verify
-from tasks.strategies.gate import check_child, number_words
+from tasks.strategies.gate import check_child
 from tasks.strategies.ladder import LEVELS, make_cloze, make_mcq, next_level, numeric_distractors
-from tasks.utility import next_pool
+from tasks.strategies.numbers import number_words
 
 PARENT = "Solve the following multiplication: 7 * 8. Give only the result as your final answer."
 
@@ -113,7 +114,7 @@ ROOT = {"prompt_id": "root78", "text": "What is 123 + 333?", "answer": "456", "s
 
 
 def _rungs():
-    from tasks.refine import ladder_child
+    from tasks.strategies.ladder import ladder_child
 
     m10, reason = ladder_child(ROOT, ROOT, "mcq10", "r", 1)
     assert reason is None
@@ -151,7 +152,7 @@ def test_verifier_maps_letters_only_on_multiple_choice_rungs():
 def test_cloze_children_pass_the_gate():
     """Cloze children skipped the gate and its length bounds; now they are judged like every child, and a
     pattern that hides no digit of the answer reveals it."""
-    from tasks.refine import ladder_child
+    from tasks.strategies.ladder import ladder_child
 
     long_root = {**ROOT, "text": "What is 123 + 333? " + "Think carefully. " * 250}
     child, reason = ladder_child(long_root, long_root, "cloze", "r", 1)

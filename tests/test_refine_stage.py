@@ -6,6 +6,7 @@ import json
 
 import pyarrow as pa
 import pytest
+from conftest import round_ctx
 
 from flows.config import RefineConfig
 from storage.query import sql
@@ -30,7 +31,7 @@ class CountingTeacher:
 
 def _seed_round(store, run_id, prompts, rewards):
     """Land prompts, and rollouts + scores for round 0 of `run_id` (rewards: prompt index -> list)."""
-    from tasks.utility import eps_scores
+    from tasks.core.eps import eps_scores
 
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     rows = [dict(p, created_at=now) for p in prompts]
@@ -64,17 +65,17 @@ def test_teacher_answers_are_reused_not_requested_again(store, tiny_backend):
     cfg = RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=12)
     teacher = CountingTeacher(tiny_backend)
     _seed_round(store, "a", prompts, {0: [0] * 4, 1: [0] * 4})
-    out = refine(store, "a", 0, cfg, teacher)
+    out = refine(round_ctx(store, "a"), store, cfg, teacher)
     assert teacher.calls == 2 and out["teacher_calls"] == 2
     assert sql(store, "SELECT count(*) AS n FROM teacher_calls").to_pylist() == [{"n": 2}]
     # a second run with the same prompts and rollouts builds the same payloads: answered from the store
     _seed_round(store, "b", prompts, {0: [0] * 4, 1: [0] * 4})
-    again = refine(store, "b", 0, cfg, teacher)
+    again = refine(round_ctx(store, "b"), store, cfg, teacher)
     assert teacher.calls == 2 and again["teacher_calls"] == 0
     calls = sql(store, "SELECT teacher_call FROM refinements WHERE run_id = 'b'").column("teacher_call").to_pylist()
     assert all(json.loads(c)["reused"] for c in calls) and len(calls) == 2
     # and a rerun of a landed stage does nothing at all
-    assert refine(store, "a", 0, cfg, teacher)["skipped"] == "already landed" and teacher.calls == 2
+    assert refine(round_ctx(store, "a"), store, cfg, teacher)["skipped"] == "already landed" and teacher.calls == 2
 
 
 def test_ladder_entry_promotion_harden_and_rejections(store):
@@ -87,7 +88,7 @@ def test_ladder_entry_promotion_harden_and_rejections(store):
     prompts = [hard, easy, one_digit, mcq4]
     _seed_round(store, "a", prompts, {0: [0] * 4, 1: [1] * 4, 2: [0.5] * 4, 3: [1, 1, 1, 0]})
     cfg = RefineConfig(strategies=["ladder", "harden", "hint_prefix"])
-    out = refine(store, "a", 0, cfg, None)
+    out = refine(round_ctx(store, "a"), store, cfg, None)
     rows = sql(store, """SELECT r.strategy, r.accepted, r.reason, r.parent_id, p.transform, p.text, p.answer, p.params
                          FROM refinements r LEFT JOIN prompts p ON p.prompt_id = r.child_id""").to_pylist()
     by = {(r["strategy"], r["parent_id"]): r for r in rows}
@@ -112,7 +113,7 @@ def test_promotion_rule_threshold(store, threshold, promoted):
     mcq4 = dict(hard, prompt_id=prompt_id(text, "56", "rg:products"), text=text, transform="mcq4",
                 parent_id=hard["prompt_id"], meta=json.dumps({"options": options}))
     _seed_round(store, "a", [hard, mcq4], {1: [1, 1, 1, 0]})
-    refine(store, "a", 0, RefineConfig(strategies=["ladder"], promote_threshold=threshold), None)
+    refine(round_ctx(store, "a"), store, RefineConfig(strategies=["ladder"], promote_threshold=threshold), None)
     got = sql(store, "SELECT count(*) AS n FROM refinements WHERE strategy = 'promote'").to_pylist()[0]["n"]
     assert got == (1 if promoted else 0)
 
@@ -120,7 +121,7 @@ def test_promotion_rule_threshold(store, threshold, promoted):
 def test_hint_annealing_lowers_the_revealed_share_per_promotion(store):
     """A solved hint child (r > threshold) is replaced by one revealing 0.1 less of the solution; at f = 0.1
     the next promotion re-opens the root question."""
-    from tasks.refine import hint_child
+    from tasks.strategies.hint import hint_child
 
     root = dict(_original("Compute 12 * 13 step by step.", "156"),
                 solution="12 * 13 = 12 * 10 + 12 * 3 = 120 + 36 so the product is one hundred and fifty six")
@@ -129,7 +130,7 @@ def test_hint_annealing_lowers_the_revealed_share_per_promotion(store):
     for h in (h3, h1):
         h.pop("run_id"), h.pop("round")
     _seed_round(store, "a", [root, h3, h1], {1: [1, 1, 1, 0], 2: [1, 1, 0, 1]})
-    refine(store, "a", 0, RefineConfig(strategies=["hint_prefix"]), None)
+    refine(round_ctx(store, "a"), store, RefineConfig(strategies=["hint_prefix"]), None)
     rows = sql(store, """SELECT r.parent_id, r.child_id, r.accepted, p.transform, p.meta, p.text
                          FROM refinements r LEFT JOIN prompts p ON p.prompt_id = r.child_id
                          WHERE r.strategy = 'promote'""").to_pylist()
@@ -159,7 +160,7 @@ def test_teacher_distractors_come_first_and_never_verify(store, tiny_backend):
     hard = _original("Solve the following multiplication: 7 * 8.", "56")
     _seed_round(store, "a", [hard], {0: [0] * 4})
     teacher = ScriptedTeacher(tiny_backend, "1. 54\n2. 56\n3) 63\n- 48\nfifty-six")
-    out = refine(store, "a", 0, RefineConfig(strategies=["ladder"]), teacher)
+    out = refine(round_ctx(store, "a"), store, RefineConfig(strategies=["ladder"]), teacher)
     assert teacher.calls == 1 and out["children"] == 1
     (row,) = sql(store, """SELECT p.meta, r.teacher_call FROM refinements r JOIN prompts p
                            ON p.prompt_id = r.child_id""").to_pylist()
@@ -169,7 +170,7 @@ def test_teacher_distractors_come_first_and_never_verify(store, tiny_backend):
     assert json.loads(row["teacher_call"])["key"]
     # with the teacher switched off for distractors, the ladder makes them programmatically and asks nobody
     _seed_round(store, "b", [hard], {0: [0] * 4})
-    refine(store, "b", 0, RefineConfig(strategies=["ladder"], teacher_distractors=False), teacher)
+    refine(round_ctx(store, "b"), store, RefineConfig(strategies=["ladder"], teacher_distractors=False), teacher)
     assert teacher.calls == 1
 
 
@@ -179,7 +180,7 @@ def test_policy_teacher_distractors_through_the_real_backend(store, tiny_backend
     hard = _original("Solve the following multiplication: 7 * 8.", "56")
     _seed_round(store, "a", [hard], {0: [0] * 4})
     teacher = CountingTeacher(tiny_backend)
-    out = refine(store, "a", 0, RefineConfig(strategies=["ladder"], teacher_max_new_tokens=8), teacher)
+    out = refine(round_ctx(store, "a"), store, RefineConfig(strategies=["ladder"], teacher_max_new_tokens=8), teacher)
     assert teacher.calls == 1 and out["children"] == 1
     assert sql(store, "SELECT count(*) AS n FROM teacher_calls").to_pylist() == [{"n": 1}]
 
@@ -201,7 +202,7 @@ def test_tiny_random_teacher_gets_no_scaffold_into_the_pool(store, tiny_backend)
     _seed_round(store, "a", prompts, {i: [0] * 4 for i in range(len(prompts))})
     cfg = RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=40)
     teacher = CountingTeacher(tiny_backend)
-    out = refine(store, "a", 0, cfg, teacher, logprobs=lambda texts: mean_logprobs(tiny_backend, texts))
+    out = refine(round_ctx(store, "a"), store, cfg, teacher, logprobs=lambda texts: mean_logprobs(tiny_backend, texts))
     assert teacher.calls == len(prompts) and out["children"] == 0
     rows = sql(store, "SELECT accepted, reason FROM refinements WHERE strategy = 'teacher_scaffold'").to_pylist()
     assert len(rows) == len(prompts) and not any(r["accepted"] for r in rows)
@@ -240,7 +241,7 @@ def test_gate_verdicts_land_with_their_categories(store, tiny_backend):
     }
     prompts = [_original(f"Solve the following multiplication: {q}.", str(eval(q))) for q in replies]
     _seed_round(store, "a", prompts, {i: [0] * 4 for i in range(len(prompts))})
-    out = refine(store, "a", 0, RefineConfig(strategies=["teacher_scaffold"]), RewritingTeacher(tiny_backend, replies))
+    out = refine(round_ctx(store, "a"), store, RefineConfig(strategies=["teacher_scaffold"]), RewritingTeacher(tiny_backend, replies))
     rows = sql(store, """SELECT p.text AS parent, r.accepted, r.reason, c.transform FROM refinements r
                          JOIN prompts p ON p.prompt_id = r.parent_id
                          LEFT JOIN prompts c ON c.prompt_id = r.child_id""").to_pylist()
@@ -259,7 +260,7 @@ def test_an_empty_answer_is_no_gate_rejection(store, tiny_backend):
     prompts = [_original(f"Solve the following multiplication: {q}.", str(eval(q))) for q in ("7 * 8", "6 * 9")]
     _seed_round(store, "a", prompts, {0: [0] * 4, 1: [0] * 4})
     replies = {"7 * 8": "", "6 * 9": "My 6 cats and 9 dogs love long walks in the park on sunny afternoons."}
-    out = refine(store, "a", 0, RefineConfig(strategies=["teacher_scaffold"]), RewritingTeacher(tiny_backend, replies))
+    out = refine(round_ctx(store, "a"), store, RefineConfig(strategies=["teacher_scaffold"]), RewritingTeacher(tiny_backend, replies))
     assert _rejections_in_sql(store, "a") == {"empty answer": 1, "off topic": 1}
     assert out["rejections"] == {"off topic": 1} and out["teacher_unavailable"] == 0
 
@@ -274,10 +275,10 @@ def test_policy_teacher_scaffolds_stay_off_unless_asked(store):
     _seed_round(store, "a", prompts, {0: [0] * 4, 1: [0] * 4})
     model = ModelConfig(policy="tiny-random")
     cfg = RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=24)
-    off = refine_task.fn(store.uri, "a", 0, cfg, model)
+    off = refine_task.fn(round_ctx(store, "a", model=model), cfg)
     assert off["refinements"] == 0 and off["teacher_scaffold"].startswith("off: the teacher is the policy")
     _seed_round(store, "b", prompts, {0: [0] * 4, 1: [0] * 4})
-    on = refine_task.fn(store.uri, "b", 0, cfg.model_copy(update={"scaffolds_from_policy": True}), model)
+    on = refine_task.fn(round_ctx(store, "b", model=model), cfg.model_copy(update={"scaffolds_from_policy": True}))
     assert on["teacher_calls"] == 2 and on["children"] == 0 and "teacher_scaffold" not in on
     assert sum(on["rejections"].values()) == 2 == sum(_rejections_in_sql(store, "b").values())
 
@@ -299,7 +300,7 @@ def test_the_teacher_sees_the_students_own_attempts_not_lope_rescues(store, tiny
     payload shows the policy's own (failed) attempts, never the rescue's correct completion."""
     import polars as pl
 
-    from tasks.utility import eps_scores
+    from tasks.core.eps import eps_scores
 
     p = _original("Solve the following multiplication: 7 * 8.", "56")
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -317,7 +318,7 @@ def test_the_teacher_sees_the_students_own_attempts_not_lope_rescues(store, tiny
     own = pl.from_arrow(table).with_columns(pl.lit(0.0).alias("reward"), pl.lit(False).alias("correct"))
     store.commit("score", {"prompt_scores": eps_scores(own).to_arrow()}, run_id="a", round=0)
     teacher = RecordingTeacher(tiny_backend)
-    refine(store, "a", 0, RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=8), teacher)
+    refine(round_ctx(store, "a"), store, RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=8), teacher)
     assert len(teacher.asked) == 1
     assert "I think 0" in teacher.asked[0] and "I think 1" in teacher.asked[0]
     assert "RESCUED" not in teacher.asked[0]

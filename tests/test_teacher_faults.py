@@ -10,16 +10,19 @@ import threading
 import time
 
 import pytest
+from conftest import round_ctx
 from test_curriculum import TINY
 from test_openai_http import CHAT_PATH, TeacherServer, closed_port
 from test_refine_stage import _original, _seed_round
 
 import tasks.refine
+import tasks.strategies.teacher_calls
 from flows.cli import print_summary
 from flows.config import RefineConfig, load_config
 from models.registry import load_teacher
 from storage.query import scan, sql
-from tasks.refine import ask_teacher, refine, teacher_cache
+from tasks.refine import refine
+from tasks.strategies.teacher_calls import ask_teacher, teacher_cache
 
 FAST = dict(teacher_retries=1, teacher_backoff_s=0.01, teacher_timeout_s=5.0)
 
@@ -35,7 +38,7 @@ def _landed_keys(store) -> list[str]:
 def test_answers_land_as_they_return_and_failures_are_asked_again(store, monkeypatch):
     """A slow question does not hold back the answers that already returned; a question answered with
     garbage is not cached, and the next ask sends exactly that one again."""
-    monkeypatch.setattr(tasks.refine, "LAND_EVERY_S", 0.0)  # land each answer as it comes, to observe it
+    monkeypatch.setattr(tasks.strategies.teacher_calls, "LAND_EVERY_S", 0.0)  # land each answer as it comes, to observe it
     release, fixed = threading.Event(), threading.Event()
 
     def script(srv, path, body):
@@ -100,9 +103,7 @@ def test_local_teacher_lands_batch_by_batch(store, tiny_backend):
 
 
 def test_a_slow_local_batch_still_lands_as_one_commit(store, tiny_backend, monkeypatch):
-    import tasks.refine
-
-    monkeypatch.setattr(tasks.refine, "LAND_EVERY_S", 0.0)  # every answer is "late"
+    monkeypatch.setattr(tasks.strategies.teacher_calls, "LAND_EVERY_S", 0.0)  # every answer is "late"
 
     class Teacher:
         name, batch_size = "tiny-teacher", 3
@@ -123,7 +124,7 @@ def test_refine_stage_falls_back_per_prompt_when_the_teacher_is_down(store):
     cfg = RefineConfig(strategies=["ladder", "teacher_scaffold"], **FAST)
     url = f"http://127.0.0.1:{closed_port()}"
     t0 = time.perf_counter()
-    out = refine(store, "a", 0, cfg, load_teacher(_openai(url), None, cfg))
+    out = refine(round_ctx(store, "a"), store, cfg, load_teacher(_openai(url), None, cfg))
     assert time.perf_counter() - t0 < 10
     rows = sql(store, "SELECT strategy, accepted, reason, teacher_call FROM refinements ORDER BY strategy").to_pylist()
     assert [(r["strategy"], r["accepted"]) for r in rows] == [("ladder", True)] * 2 + [("teacher_scaffold", False)] * 2

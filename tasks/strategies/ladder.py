@@ -10,6 +10,13 @@ over positions across the pool (by a hash of the prompt id), so no position is f
 its option's value only on an mcq rung (`tasks.core.rewards.mcq_options`, read by the verifier); a cloze rung's answer is the
 value. The cloze pattern masks a count of digits drawn uniformly from those that keep 50-80% masked and at
 least one digit shown.
+
+The `ladder` strategy (`Ladder`): a too-hard or flat original enters at mcq4 (strategy `ladder`); a rung whose
+mean reward exceeds `refine.promote_threshold` is promoted to the next rung (strategy `promote`), made from the
+root's question as a child of the rung; promotion from cloze, or from mcq10 when the answer has under two digits,
+re-opens the root question. A multiple-choice rung waits for the teacher's distractors when
+`refine.teacher_distractors` is set and a teacher is configured; a failed call falls back to programmatic ones,
+and the row's reason says so.
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from functools import partial
 
 from tasks.core.rewards import LETTERS, exact_match
-from tasks.strategies.gate import cloze_mask_counts
+from tasks.strategies.base import PROMOTE, Answer, Ask, Parent, Proposal, Round, Settings, Strategy, child_row, register
+from tasks.strategies.gate import LENGTHS, UNAVAILABLE, Lengths, check_child, cloze_mask_counts
 
 LEVELS = ("mcq4", "mcq10", "cloze", "open")
 
@@ -137,3 +146,74 @@ def make_cloze(prompt_id: str, question: str, answer: str) -> str | None:
     return f"{question}\nThe answer should look like: {pattern}"
 
 
+def n_options(level: str) -> int:
+    return 4 if level == "mcq4" else 10
+
+
+def ladder_child(parent: dict, root: dict, level: str, run_id: str, round: int,
+                 teacher_distractors: list[str] = (), lengths: Lengths = LENGTHS) -> tuple[dict | None, str | None]:
+    """The `level` rung of `root`'s question, made a child of `parent`. (child, rejection reason). Its meta is
+    the root's plus the rung's own keys, never the parent rung's: a cloze child of an mcq10 rung that kept its
+    options would score a bare letter as the value. Every rung passes the gate (length bounds and leaks; the
+    options of an mcq rung, the pattern of a cloze)."""
+    q, a = root["text"], root["answer"]
+    bounds = {"min_chars": lengths.min_chars, "max_chars": lengths.max_chars}
+    if level.startswith("mcq"):
+        made = make_mcq(root["prompt_id"], q, a, n_options(level), list(teacher_distractors))
+        if made is None:
+            return None, f"unsupported: {level} needs numeric distractors; answer {a!r} has none"
+        text, options, correct = made
+        reason = check_child(text, q, a, kind="mcq", options=options, correct=correct, **bounds)
+        by_teacher = sum(o in teacher_distractors for i, o in enumerate(options) if i != correct)
+        return child_row(parent, text, level, run_id, round, {"level": level, "options": options,
+                                                              "teacher_distractors": by_teacher},
+                         meta_from=root), reason
+    if level == "cloze":
+        text = make_cloze(root["prompt_id"], q, a)
+        if text is None:
+            return None, "unsupported: cloze needs an answer of 2+ digits to mask"
+        return (child_row(parent, text, "cloze", run_id, round, {"level": "cloze"}, meta_from=root),
+                check_child(text, q, a, kind="cloze", **bounds))
+    raise ValueError(f"not a ladder rung: {level}")
+
+
+@register
+class Ladder(Strategy):
+    name = "ladder"
+    buckets = frozenset({"too_hard", "flat"})
+
+    def slot(self, parent: Parent, round: Round) -> str | None:
+        if parent.transform in LEVELS:
+            return PROMOTE if round.solved(parent) else None
+        return super().slot(parent, round)
+
+    def wants_teacher(self, cfg: Settings) -> bool:
+        return cfg.teacher_distractors
+
+    def propose(self, parent: Parent, round: Round) -> list[Proposal]:
+        if parent.transform not in LEVELS:
+            return [self.rung(parent.row, parent.row, "mcq4", round)]
+        root = parent.root
+        up = next_level(parent.transform)
+        if up == "cloze" and make_cloze(root["prompt_id"], root["text"], root["answer"]) is None:
+            up = "open"  # a one-digit answer cannot be a cloze pattern
+        if up == "open":
+            return [Proposal(parent.row, root, gate="judged")]
+        return [self.rung(parent.row, root, up, round)]
+
+    def rung(self, parent: dict, root: dict, level: str, round: Round) -> Proposal:
+        """The `level` rung, at once, or once the teacher's distractors are in."""
+        if round.teacher is None or not round.cfg.teacher_distractors or not level.startswith("mcq"):
+            return Proposal(parent, *ladder_child(parent, root, level, round.run_id, round.round,
+                                                  lengths=round.lengths), gate="judged")
+        key, payload = distractor_payload(root["text"], root["answer"], n_options(level) - 1, round.teacher.name)
+        return Proposal(parent, ask=Ask(key, payload, partial(self.with_distractors, parent, root, level, round)))
+
+    def with_distractors(self, parent: dict, root: dict, level: str, round: Round, answer: Answer) -> Proposal:
+        """The rung with the teacher's distractors first (programmatic ones fill the rest, or all of them when
+        the call failed)."""
+        wrong = [] if answer.error is not None else parse_distractors(answer.response, root["answer"],
+                                                                      n_options(level) - 1)
+        child, reason = ladder_child(parent, root, level, round.run_id, round.round, wrong, round.lengths)
+        note = f"{UNAVAILABLE}: {answer.error}; programmatic distractors" if answer.error is not None else None
+        return Proposal(parent, child, reason, gate="judged", note=note)

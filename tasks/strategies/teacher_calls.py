@@ -1,0 +1,114 @@
+"""Teacher calls, cached in the store: ask a teacher many prompts at once, land each answer in `teacher_calls` as
+it returns, and answer a repeated prompt from the store (docs/algorithms.md §3.3).
+
+A teacher is any model backend (models/backend.py): a local model answers in `generate` calls of its batch size;
+an `Endpoint` (an OpenAI-compatible server, models/openai_http.py) answers concurrently through `ask`. Calls are
+keyed on a hash of the teacher's name and the prompt (`call_key`); the refine stage (teacher_scaffold rewrites,
+multiple-choice distractors) and the shape stage (reference traces) share the cache.
+
+Choices, and why:
+- Answers land as they return, not after the whole batch: an endpoint's every LAND_EVERY_S, a local model's per
+  batch (its efficient unit, and one commit whatever its timing), so a crash costs at most those last answers
+  and a rerun never pays twice.
+- A failed call is not cached: a later stage or run asks again.
+- Each batch is sampled with a seed drawn from the keys asked together, so a rerun asks exactly the same.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from models.backend import Backend, Sampling
+from storage.query import scan
+from storage.store import Store
+from tasks.core.ids import KEY_HEX, digest, seed_of
+
+LAND_EVERY_S = 2.0  # answers that returned within this long land as one commit: a commit per answer would
+                   # cost a Parquet file and a commit record each, for no safety a crash could notice
+BATCH_SEED_HEX = 7  # hex digits of the keys' digest that seed a batch (as first written: stored answers used it)
+
+
+@runtime_checkable
+class Endpoint(Protocol):
+    """A teacher that answers many chat questions concurrently (models/openai_http.py)."""
+
+    name: str
+
+    def ask(self, questions: Mapping[str, tuple[list[dict], Sampling]],
+            on_answer: Callable[[str, str | None, str | None], None]) -> None: ...
+
+
+def call_key(teacher_name: str, payload: str) -> str:
+    """The cache key of asking `teacher_name` the prompt `payload`."""
+    return digest(f"{teacher_name}\x1f{payload}", KEY_HEX)
+
+
+def teacher_cache(store: Store) -> dict[str, str]:
+    """Every stored teacher answer, by key."""
+    calls = scan(store, "teacher_calls").select("key", "response").unique("key").collect()
+    return dict(calls.iter_rows())
+
+
+def ask_teacher(store: Store, teacher: Backend | Endpoint, payloads: dict[str, str], cache: dict[str, str],
+                max_new_tokens: int, temperature: float = 0.7) -> tuple[set[str], dict[str, str]]:
+    """Ask the teacher every payload ({key: prompt text}) not in `cache`, at `temperature`; answers land in
+    `teacher_calls` and in `cache` as they return. Returns (keys answered now, {key: one-line reason} of the
+    payloads it could not answer)."""
+    missing = [k for k in payloads if k not in cache]
+    fresh: set[str] = set()
+    failed: dict[str, str] = {}
+    if not missing:
+        return fresh, failed
+    landing = Landing(store, teacher.name, cache, fresh)
+
+    def on_answer(key: str, text: str | None, error: str | None) -> None:
+        if error is not None:
+            failed[key] = error
+        else:
+            landing.returned.append((key, text.strip()))
+        if time.monotonic() - landing.last >= LAND_EVERY_S:
+            landing.land()
+
+    def messages(key: str) -> list[dict]:
+        return [{"role": "user", "content": payloads[key]}]
+
+    def sampling(keys: list[str]) -> Sampling:  # seeded by the keys asked together: a rerun asks the same
+        return Sampling(temperature, 1.0, max_new_tokens, seed_of("".join(keys), BATCH_SEED_HEX))
+
+    if isinstance(teacher, Endpoint):
+        teacher.ask({k: (messages(k), sampling([k])) for k in missing}, on_answer)
+    else:
+        step = max(1, int(getattr(teacher, "batch_size", 0) or len(missing)))
+        for i in range(0, len(missing), step):
+            batch = missing[i : i + step]
+            groups = teacher.generate([teacher.render(messages(k)) for k in batch], 1, sampling(batch))
+            landing.returned += [(k, g[0].text.strip()) for k, g in zip(batch, groups)]  # a batch lands whole
+            landing.land()
+    landing.land()
+    return fresh, failed
+
+
+class Landing:
+    """Answers that returned and have not landed yet, and when the last landing was."""
+
+    def __init__(self, store: Store, teacher: str, cache: dict[str, str], fresh: set[str]):
+        self.store, self.teacher, self.cache, self.fresh = store, teacher, cache, fresh
+        self.returned: list[tuple[str, str]] = []
+        self.last = time.monotonic()
+
+    def land(self) -> None:
+        """Commit the returned answers to `teacher_calls` (one commit), and note them in the cache."""
+        if self.returned:
+            keys = [k for k, _ in self.returned]
+            self.store.commit(f"teacher-{digest(''.join(keys))}", {"teacher_calls": pa.table({
+                "key": keys, "teacher": [self.teacher] * len(keys), "response": [r for _, r in self.returned],
+                "created_at": [datetime.now(UTC)] * len(keys)})})
+            self.cache.update(self.returned)
+            self.fresh.update(keys)
+            self.returned.clear()
+        self.last = time.monotonic()
