@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from models.backend import Completion, Sampling, logprob_temperature
+from models.decoding import M32, DecodeBatch, sample_keyed
 
 
 def native_bf16(device: str) -> bool:
@@ -39,7 +40,9 @@ def native_bf16(device: str) -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def _autocast(device: str, dtype: str):
+def autocast(device: str, dtype: str):
+    """bf16 autocast where `dtype` asks for it ("bf16"), or allows it ("auto") on a device that computes bf16
+    natively; else no autocast."""
     if dtype == "bf16" or (dtype == "auto" and native_bf16(device)):
         return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
     return contextlib.nullcontext()
@@ -100,7 +103,7 @@ class TransformersBackend:
         tokens: dict[tuple[int, int], list[int]] = {}
         lps: dict[tuple[int, int], list[float]] = {}
         finish: dict[tuple[int, int], str] = {}
-        run = _Batch()
+        run = DecodeBatch()
         eos = torch.tensor(self.eos_ids)
         lp_temperature = logprob_temperature(sampling.temperature)  # the distribution the tokens are drawn from
         admit_at = max(n, (self.batch_size // 4) // n * n)  # prefill several prompts at once, not one by one
@@ -114,8 +117,8 @@ class TransformersBackend:
             if row_seeds is None:
                 tok = self._sample(run.logits, sampling, gen)
             else:
-                keys = torch.tensor([[row_seeds[i] & _M32, j, len(tokens.get((i, j), []))] for i, j in run.rows])
-                tok = _sample_keyed(run.logits, sampling.temperature, keys)
+                keys = torch.tensor([[row_seeds[i] & M32, j, len(tokens.get((i, j), []))] for i, j in run.rows])
+                tok = sample_keyed(run.logits, sampling.temperature, keys)
             tok_lp = logp.gather(1, tok[:, None].to(logp.device))[:, 0].tolist()
             done = torch.isin(tok, eos).tolist()
             for k, key in enumerate(run.rows):
@@ -132,7 +135,7 @@ class TransformersBackend:
                 progress(run.size - len(keep))
             run.select(keep, tok)
             if run.size:
-                with _autocast(self.device, self.dtype):
+                with autocast(self.device, self.dtype):
                     run.logits = self.model(input_ids=run.last[:, None].to(self.device),
                                             attention_mask=run.mask.to(self.device),
                                             position_ids=run.next_pos.to(self.device), cache=run.cache,
@@ -145,7 +148,7 @@ class TransformersBackend:
             out.append([Completion(texts[j], toks[j], lps.get((i, j), []), finish[(i, j)]) for j in range(n)])
         return out
 
-    def _prefill(self, prompt_ids: list[list[int]], n: int) -> _Batch:
+    def _prefill(self, prompt_ids: list[list[int]], n: int) -> DecodeBatch:
         """Run the prompts once (left-padded) and share each one's KV cache out to its n samples."""
         from transformers import DynamicCache
 
@@ -157,11 +160,11 @@ class TransformersBackend:
             mask[r, width - len(p):] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        with _autocast(self.device, self.dtype):
+        with autocast(self.device, self.dtype):
             logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                                 position_ids=pos.to(self.device), cache=cache, use_cache=True,
                                 logits_to_keep=1).logits[:, -1].float()
-        b = _Batch()
+        b = DecodeBatch()
         b.cache, b.mask, b.next_pos = cache, mask, pos[:, -1:] + 1
         b.logits = logits
         if n > 1:
@@ -212,7 +215,7 @@ class TransformersBackend:
             ids[r, : len(s)] = torch.tensor(s)
             mask[r, : len(s)] = 1
         decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
-        with _autocast(self.device, self.dtype):
+        with autocast(self.device, self.dtype):
             hidden = decoder(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
         # positions whose next token is a completion token: row r, positions len(p)-1 .. len(p)+len(c)-2
         rows, cols, targets = [], [], []
@@ -232,89 +235,3 @@ class TransformersBackend:
             out.append(flat_t[at : at + len(c)])
             at += len(c)
         return out
-
-
-_M32 = 0xFFFFFFFF
-
-
-def _hash32(x: torch.Tensor) -> torch.Tensor:
-    """A 32-bit integer mix (xorshift-multiply rounds) on int64 tensors holding values below 2**32; the
-    multipliers stay below 2**31, so no product overflows int64."""
-    x = x & _M32
-    x = ((x ^ (x >> 16)) * 0x7FEB352D) & _M32
-    x = ((x ^ (x >> 15)) * 0x2C1B3C6D) & _M32
-    return x ^ (x >> 16)
-
-
-def _sample_keyed(logits: torch.Tensor, temperature: float, keys: torch.Tensor) -> torch.Tensor:
-    """One token per row by the Gumbel-max trick, with uniforms that are a pure function of the row's key
-    (seed, sample, position) and the vocabulary index: exact samples from softmax(logits / T)."""
-    if temperature == 0:
-        return logits.argmax(-1).cpu()
-    vocab = torch.arange(logits.shape[-1], dtype=torch.int64)
-    k = _hash32(_hash32(_hash32(keys[:, 0:1]) ^ keys[:, 1:2]) ^ keys[:, 2:3])  # [B, 1]
-    u = (_hash32(k * 0x9E37 + vocab[None, :]).double() + 0.5) / 2**32
-    gumbel = -torch.log(-torch.log(u)).float()
-    return (logits.float().cpu() / temperature + gumbel).argmax(-1)
-
-
-class _Batch:
-    """The rows decoding together: their KV cache, attention mask, next positions and pending logits.
-
-    Rows of different lengths share one left-padded cache; padding is masked out, and RoPE positions are
-    per row (`next_pos`), so merging and dropping rows never changes what any row computes.
-    """
-
-    def __init__(self):
-        self.cache = None
-        self.rows: list[tuple[int, int]] = []
-        self.mask = self.next_pos = self.logits = self.last = None
-
-    @property
-    def size(self) -> int:
-        return len(self.rows)
-
-    def merge(self, new: _Batch, rows: list[tuple[int, int]]) -> None:
-        if self.cache is None or not self.rows:
-            self.cache, self.mask, self.next_pos, self.logits = new.cache, new.mask, new.next_pos, new.logits
-            self.rows = list(rows)
-            return
-        width = max(self.mask.shape[1], new.mask.shape[1])
-        for old_layer, new_layer in zip(self.cache.layers, new.cache.layers):
-            old_layer.keys, new_layer_keys = _left_pad(old_layer.keys, width, 2), _left_pad(new_layer.keys, width, 2)
-            old_layer.values = _left_pad(old_layer.values, width, 2)
-            old_layer.keys = torch.cat([old_layer.keys, new_layer_keys])
-            old_layer.values = torch.cat([old_layer.values, _left_pad(new_layer.values, width, 2)])
-        self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(new.mask, width, 1)])
-        self.next_pos = torch.cat([self.next_pos, new.next_pos])
-        self.logits = torch.cat([self.logits, new.logits])
-        self.rows += rows
-        self.last = None
-
-    def select(self, keep: list[int], sampled: torch.Tensor) -> None:
-        """Keep the rows `keep` (finished ones leave the batch and its cache); append their sampled token."""
-        idx = torch.tensor(keep, dtype=torch.long)
-        if len(keep) < len(self.rows):
-            if keep:
-                self.cache.batch_select_indices(idx.to(self.cache.layers[0].keys.device))
-            self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
-            self.rows = [self.rows[k] for k in keep]
-        self.last = sampled[idx]
-        if not keep:
-            self.cache = None
-            return
-        self.mask = torch.cat([self.mask, torch.ones(len(keep), 1, dtype=self.mask.dtype)], dim=1)
-        lead = int((self.mask.sum(0) == 0).cumprod(0).sum())  # columns no remaining row uses any more
-        if lead:
-            self.mask = self.mask[:, lead:]
-            for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
-
-
-def _left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    short = width - t.shape[dim]
-    if short <= 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = short
-    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
