@@ -26,7 +26,7 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from tasks.select import cluster_entropy, kmeans, n_clusters, select_kmeans, select_uniform  # noqa: E402
+from tasks.core.selection import cluster_entropy, kmeans, n_clusters, select_kmeans, select_uniform  # noqa: E402
 
 
 def synthetic_pool(n: int, dim: int = 384, topics: int = 256, seed: int = 0):

@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from models.registry import resolve  # noqa: E402
-from tasks.train import Sequence, train_round  # noqa: E402
+from tasks.core.grpo import Sequence, train_round  # noqa: E402
 
 
 def batch(tok, rows: int, comp_tokens: int) -> list[Sequence]:

@@ -15,15 +15,15 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from models.config import ModelConfig, Section
+from tasks.core.grpo import TrainConfig
 from tasks.core.rewards import RewardConfig
 from tasks.evaluate import EvalConfig
 from tasks.pool import DEFAULT_SOURCES, PoolConfig, SourceSpec  # noqa: F401 (names users import from here)
 from tasks.refine import RefineConfig
-from tasks.rollout import RolloutConfig
+from tasks.sampling import RolloutConfig
+from tasks.score import UtilityConfig
 from tasks.select import SelectConfig
 from tasks.shape import ShapeConfig
-from tasks.train import TrainConfig
-from tasks.utility import UtilityConfig
 
 
 class RunConfig(Section):

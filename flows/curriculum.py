@@ -32,10 +32,11 @@ from tasks.pool import pool_task
 from tasks.refine import refine_task
 from tasks.report import publish_round_artifacts, report_task
 from tasks.rollout import collect_task
+from tasks.score import score_task
 from tasks.select import select_task
 from tasks.shape import shape_task
+from tasks.stage import RoundContext
 from tasks.train import train_task
-from tasks.utility import score_task
 
 # Fields (dotted paths) a resumed run may change: none changes what already landed or makes it wrong. The
 # teacher and how it is reached (timeouts, retries, concurrency) only decide how later stages ask it, and
@@ -103,31 +104,25 @@ def _rounds(config: RunConfig, store: Store) -> dict:
         for r in range(config.rounds):
             first = len(stages)
             version, spec = policy_for_round(store, config.run_id, r, base)
-            model_r = config.model.model_copy(update={"policy": spec})
+            ctx = RoundContext(store=store.uri, run_id=config.run_id, round=r, policy_version=version, base=base,
+                               rounds=config.rounds, model=config.model.model_copy(update={"policy": spec}))
             heldout = config.eval.heldout_fraction if config.eval.enabled else 0.0
-            stages.append(pool_task(store.uri, config.run_id, r, config.pool.sources, config.pool.seed, heldout,
-                                    config.eval.seed))
+            stages.append(pool_task(ctx, config.pool, heldout, config.eval.seed))
             selecting = config.select.selector != "all"
             if selecting:
-                stages.append(select_task(store.uri, config.run_id, r, config.select, model_r,
-                                          config.rollout.include_reserve))
-            stages.append(collect_task(store.uri, config.run_id, r, version, model_r, config.rollout,
-                                       config.reward, selecting, config.rounds, config.select))
-            u = config.utility
-            stages.append(score_task(store.uri, config.run_id, r, u.beta, u.tau, u.eps))
+                stages.append(select_task(ctx, config.select, config.rollout.include_reserve))
+            stages.append(collect_task(ctx, config.rollout, config.reward, config.select, selecting))
+            stages.append(score_task(ctx, config.utility))
             if config.refine.strategies and r + 1 < config.rounds:  # children of the last round would never run
-                stages.append(refine_task(store.uri, config.run_id, r, config.refine, model_r))
+                stages.append(refine_task(ctx, config.refine))
             if config.shape.enabled:
-                stages.append(shape_task(store.uri, config.run_id, r, spec, config.shape, model_r, config.rollout,
-                                         config.reward, config.refine))
+                stages.append(shape_task(ctx, config.shape, config.rollout, config.reward, config.refine))
             if config.train.enabled:
-                stages.append(train_task(store.uri, config.run_id, r, version, spec, base, config.train, model_r,
-                                         config.rollout))
+                stages.append(train_task(ctx, config.train, config.rollout))
             if config.eval.enabled:
                 new = policy_for_round(store, config.run_id, r + 1, base)
                 versions = ([(0, base)] if r == 0 and new[0] != 0 else []) + [new]
-                stages.append(evaluate_task(store.uri, config.run_id, r, versions, config.eval, config.model,
-                                            config.rollout, config.reward))
+                stages.append(evaluate_task(ctx, versions, config.eval, config.rollout, config.reward))
             stages.append(report_task(store.uri, config.run_id, r))
             publish_round_artifacts(store, config.run_id, r, stages[first:])
     except BaseException as e:

@@ -29,6 +29,7 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
     from models.checkpoints import versions
     from storage.runs import stored_config
     from tasks.evaluate import evaluate_versions
+    from tasks.stage import RoundContext
 
     s = Store(store or default_root())
     run_id = run_id or latest_run(s)
@@ -46,8 +47,14 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
         raise ValueError(f"run {run_id} has no checkpoint {checkpoint}; it has "
                          f"{', '.join(map(str, known['policy_version'].to_list()))}")
     r = row.row(0, named=True)
-    out = evaluate_versions(s, run_id, r["round"], [(checkpoint, r["path"])], config.eval, config.model,
-                            config.rollout, config.reward, stage=f"eval-v{checkpoint}")
+    stage = f"eval-v{checkpoint}"
+    if s.landed(run_id, r["round"], stage):
+        out = {"stage": stage, "round": r["round"], "skipped": "already landed"}
+    else:
+        ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,
+                           base=config.model.policy, rounds=config.rounds, model=config.model)
+        out = evaluate_versions(s, ctx, [(checkpoint, r["path"])], config.eval, config.rollout, config.reward,
+                                stage=stage)
     landed = (scan(s, "evals").filter((pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint))
               .sort("round").collect())
     return {"run_id": run_id, "policy_version": checkpoint, "stage": out, "evals": landed.to_dicts()}

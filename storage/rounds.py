@@ -22,5 +22,5 @@ def prompts(store: Store, *columns: str | pl.Expr) -> pl.LazyFrame:
     """The prompts table, one row per prompt_id, with `columns` (all of them when none is named)."""
     frame = scan(store, "prompts")
     if columns:
-        frame = frame.select("prompt_id", *[c for c in columns if c != "prompt_id"])
+        frame = frame.select("prompt_id", *[c for c in columns if not (isinstance(c, str) and c == "prompt_id")])
     return frame.unique("prompt_id")

@@ -17,7 +17,6 @@ The select stage keys its k-means centroids, and so its warm start, to the same 
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 from functools import cache
 from pathlib import Path
@@ -26,8 +25,10 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from models.backend import Backend
 from storage.query import scan
 from storage.store import Store
+from tasks.core.ids import digest
 
 EMBEDDERS = ("minilm", "policy", "hashing")
 
@@ -48,7 +49,7 @@ def _minilm():
     return AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
 
 
-def _pool(hidden, mask):
+def mean_pool(hidden, mask):
     """Mean over unmasked tokens, L2-normalised, in float32, on the tensors' own device."""
     import torch
 
@@ -67,14 +68,14 @@ def embed_minilm(texts: list[str], batch: int = 64) -> np.ndarray:
         idx = order[i : i + batch]
         enc = tok([texts[j] for j in idx], padding=True, truncation=True, max_length=256, return_tensors="pt")
         with torch.no_grad():
-            out.append((idx, _pool(model(**enc).last_hidden_state, enc["attention_mask"]).cpu().numpy()))
+            out.append((idx, mean_pool(model(**enc).last_hidden_state, enc["attention_mask"]).cpu().numpy()))
     vecs = np.zeros((len(texts), 384), dtype=np.float32)
     for idx, v in out:
         vecs[idx] = v
     return vecs
 
 
-def policy_vectors(texts: list[str], backend, batch: int = 32):
+def policy_vectors(texts: list[str], backend: Backend, batch: int = 32):
     """The policy embeddings as one float32 tensor on the model's device (embed_policy brings them over)."""
     import torch
 
@@ -89,11 +90,11 @@ def policy_vectors(texts: list[str], backend, batch: int = 32):
         enc = tok(texts[i : i + batch], padding=True, truncation=True, max_length=512, return_tensors="pt")
         enc = enc.to(device)
         with torch.no_grad():
-            vecs.append(_pool(decoder(**enc).last_hidden_state, enc["attention_mask"]))
+            vecs.append(mean_pool(decoder(**enc).last_hidden_state, enc["attention_mask"]))
     return torch.cat(vecs)
 
 
-def embed_policy(texts: list[str], backend, batch: int = 32) -> np.ndarray:
+def embed_policy(texts: list[str], backend: Backend, batch: int = 32) -> np.ndarray:
     return policy_vectors(texts, backend, batch).cpu().numpy().astype(np.float32)
 
 
@@ -108,7 +109,7 @@ def embed_hashing(texts: list[str], dim: int = 1024) -> np.ndarray:
     return dense / np.maximum(np.linalg.norm(dense, axis=1, keepdims=True), 1e-12)
 
 
-def embed(texts: list[str], embedder: str, backend=None) -> np.ndarray:
+def embed(texts: list[str], embedder: str, backend: Backend | None = None) -> np.ndarray:
     if embedder == "minilm":
         return embed_minilm(texts)
     if embedder == "hashing":
@@ -134,7 +135,7 @@ def policy_namespace(store: Store, run_id: str, spec: str) -> str:
     return f"{run_id}/v{hit['policy_version'][0]}" if hit.height else spec
 
 
-def cached_embeddings(store: Store, prompts: pl.DataFrame, embedder: str, backend=None,
+def cached_embeddings(store: Store, prompts: pl.DataFrame, embedder: str, backend: Backend | None = None,
                       namespace: str = "") -> tuple[np.ndarray, int]:
     """Vectors for `prompts` (prompt_id, text) in order, computing and landing only the missing ones.
     `namespace` separates policy embeddings of different checkpoints. Returns (vectors, newly embedded)."""
@@ -149,9 +150,9 @@ def cached_embeddings(store: Store, prompts: pl.DataFrame, embedder: str, backen
             "embedder": [key] * missing.height,
             "vector": pa.array(list(vecs), pa.list_(pa.float32())),
         })
-        digest = hashlib.sha256((key + "\x1f" + "".join(sorted(missing["prompt_id"].to_list()))).encode()
-                                ).hexdigest()[:16]  # the key too: each checkpoint's policy embeddings land apart
-        store.commit(f"embed-{embedder}-{digest}", {"embeddings": table})
+        # the key too: each checkpoint's policy embeddings land apart
+        name = digest(key + "\x1f" + "".join(sorted(missing["prompt_id"].to_list())))
+        store.commit(f"embed-{embedder}-{name}", {"embeddings": table})
         have = pl.concat([have, pl.from_arrow(table).select("prompt_id", "vector")], how="vertical_relaxed")
     ordered = prompts.select("prompt_id").join(have, on="prompt_id", how="left", maintain_order="left")
     return np.asarray(ordered["vector"].to_list(), dtype=np.float32), missing.height

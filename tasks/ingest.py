@@ -16,6 +16,7 @@ from prefect.exceptions import MissingContextError
 
 from storage.query import scan
 from storage.store import Store
+from tasks.core.ids import digest
 from tasks.core.sources import BadRow, Limits, SourceRow, file_rows, rg_rows
 
 
@@ -92,10 +93,7 @@ def commit_prompts(store: Store, rows: list[SourceRow]) -> tuple[int, int, str |
         if fresh.num_rows == 0:
             return 0, len(unique), None
         # The stage name is a hash of what it adds, so a retried identical ingest is the same stage.
-        import hashlib
-
-        digest = hashlib.sha256("".join(sorted(fresh["prompt_id"].to_pylist())).encode()).hexdigest()[:16]
-        stage = f"ingest-{digest}"
+        stage = f"ingest-{digest(''.join(sorted(fresh['prompt_id'].to_pylist())))}"
         store.commit(stage, {"prompts": fresh})
         return fresh.num_rows, len(unique) - fresh.num_rows, stage
 

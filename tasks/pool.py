@@ -1,9 +1,10 @@
 """Pool stage: the run's prompt membership for a round (docs/algorithms.md §2).
 
 Round 0 lands the configured sources (ingestion is idempotent: content-addressed ids) and makes their
-prompts active, except a held-out share (status 'heldout', fixed for the run; tasks/evaluate.py). Later rounds derive membership from the previous round's pool and scores
-(`utility.next_pool`): non-informative originals go to reserve, reserve prompts that recover come back.
-The scores it reads are the policy's own samples (`utility.own_samples`): a LoPE-rescued group counts as
+prompts active, except a held-out share (status 'heldout', fixed for the run; tasks/core/heldout.py).
+Later rounds derive membership from the previous round's pool and scores
+(`tasks/core/pool_rules.py`): non-informative originals go to reserve, reserve prompts that recover come back.
+The scores it reads are the policy's own samples (tasks/core/eps.py): a LoPE-rescued group counts as
 too_hard, so its original moves to reserve rather than staying active on its replacements.
 """
 
@@ -12,16 +13,15 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-from prefect import task
 from pydantic import Field, field_validator
 
 from models.config import Section
-from storage.query import scan
+from storage.rounds import prompts, this_round
 from storage.store import Store
-from tasks.evaluate import heldout_roots
+from tasks.core.heldout import heldout_roots
+from tasks.core.pool_rules import next_pool
 from tasks.ingest import commit_prompts, load_source
-from tasks.reporting import timed
-from tasks.utility import next_pool
+from tasks.stage import RoundContext, stage
 
 
 class SourceSpec(Section):
@@ -59,11 +59,11 @@ class PoolConfig(Section):
         return v
 
 
-def initial_pool(store: Store, run_id: str, sources: list[Any], seed: int, heldout_fraction: float = 0.0,
+def initial_pool(store: Store, run_id: str, cfg: PoolConfig, heldout_fraction: float = 0.0,
                  heldout_seed: int = 0) -> pl.DataFrame:
     ids: list[str] = []
-    for spec in sources:
-        rows, bad = load_source(spec.source, spec.size, seed, dict(spec.params))
+    for spec in cfg.sources:
+        rows, bad = load_source(spec.source, spec.size, cfg.seed, dict(spec.params))
         if bad:
             raise ValueError(f"pool source {spec.source}: {len(bad)} bad row(s), e.g. {bad[0]}")
         commit_prompts(store, rows)
@@ -77,24 +77,18 @@ def initial_pool(store: Store, run_id: str, sources: list[Any], seed: int, heldo
                                 "status": pl.String, "level": pl.String})
 
 
-def build_pool(store: Store, run_id: str, round: int, sources: list[Any], seed: int, heldout_fraction: float = 0.0,
-               heldout_seed: int = 0) -> dict:
-    if store.landed(run_id, round, "pool"):
-        return {"stage": "pool", "round": round, "skipped": "already landed"}
-    if round == 0:
-        pool = initial_pool(store, run_id, sources, seed, heldout_fraction, heldout_seed)
+@stage("pool")
+def pool_task(ctx: RoundContext, store: Store, cfg: PoolConfig, heldout_fraction: float = 0.0,
+              heldout_seed: int = 0) -> dict:
+    """Round 0: land the sources and split off the held-out share. Later rounds: `next_pool` over the previous
+    round's pool, scores and refinements."""
+    if ctx.round == 0:
+        pool = initial_pool(store, ctx.run_id, cfg, heldout_fraction, heldout_seed)
     else:
         def prev(table: str) -> pl.DataFrame:
-            return scan(store, table).filter((pl.col("run_id") == run_id) & (pl.col("round") == round - 1)).collect()
+            return this_round(store, table, ctx.run_id, ctx.round - 1).collect()
 
-        prompts = scan(store, "prompts").select("prompt_id", "transform").unique("prompt_id").collect()
-        pool = next_pool(prev("pool"), prev("prompt_scores"), prompts, round, prev("refinements"))
-    store.commit("pool", {"pool": pool.to_arrow()}, run_id=run_id, round=round)
-    return {"stage": "pool", "round": round, "status": dict(pool.group_by("status").len().iter_rows())}
-
-
-@task(name="pool")
-@timed
-def pool_task(store_uri: str, run_id: str, round: int, sources: list[Any], seed: int, heldout_fraction: float = 0.0,
-              heldout_seed: int = 0) -> dict:
-    return build_pool(Store(store_uri), run_id, round, sources, seed, heldout_fraction, heldout_seed)
+        pool = next_pool(prev("pool"), prev("prompt_scores"), prompts(store, "transform").collect(), ctx.round,
+                         prev("refinements"))
+    store.commit("pool", {"pool": pool.to_arrow()}, run_id=ctx.run_id, round=ctx.round)
+    return {"status": dict(pool.group_by("status").len().iter_rows())}

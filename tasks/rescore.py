@@ -17,21 +17,29 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
 
 import polars as pl
 from prefect import task
 
 from models.backend import Sampling
 from models.checkpoints import versions
-from models.registry import load_backend
+from models.config import ModelConfig
+from models.registry import load_model
 from storage.query import scan
+from storage.rounds import prompts as prompt_table
+from storage.rounds import this_round
 from storage.runs import run_rows
 from storage.store import Store
-from tasks.fewshot import fewshot_messages
+from tasks.core.eps import eps_scores
+from tasks.core.fewshot import fewshot_messages
+from tasks.core.rewards import RewardConfig
+from tasks.core.seeds import round_seed
+from tasks.core.verdicts import verdicts
 from tasks.reporting import progress_reporter, sig4, timed
-from tasks.rollout import rollout_table, verdicts
-from tasks.utility import eps_scores
+from tasks.sampling import RolloutConfig, rollout_table
+from tasks.score import UtilityConfig
+
+RESCORE_SEED_OFFSET = 500_000  # rescore samples apart from every round's seeds (seed * 1000 + round)
 
 
 def newest_checkpoint(store: Store, run_id: str, base: str) -> tuple[int, str]:
@@ -42,8 +50,10 @@ def newest_checkpoint(store: Store, run_id: str, base: str) -> tuple[int, str]:
     return int(last["policy_version"]), last["path"]
 
 
-def rescore(store: Store, run_id: str, config: Any) -> dict:
-    """Rescore run `run_id`'s reserve prompts of its last round with its newest checkpoint."""
+def rescore(store: Store, run_id: str, model: ModelConfig, cfg: RolloutConfig, reward: RewardConfig,
+            utility: UtilityConfig) -> dict:
+    """Rescore run `run_id`'s reserve prompts of its last round with its newest checkpoint (the run's own
+    config sections: its model, rollout sampling, reward and EPS settings)."""
     rows = run_rows(store, run_id)
     if rows.height == 0:
         raise ValueError(f"run {run_id!r} is not in the store {store.uri}")
@@ -52,36 +62,32 @@ def rescore(store: Store, run_id: str, config: Any) -> dict:
         raise ValueError(f"run {run_id} is {status}, not completed; resume it (refinery run --run-id {run_id}) "
                          "before rescoring its reserve pool")
     last = scan(store, "pool").filter(pl.col("run_id") == run_id).select(pl.col("round").max()).collect().item()
-    version, path = newest_checkpoint(store, run_id, config.model.policy)
+    version, path = newest_checkpoint(store, run_id, model.policy)
     stage = f"rescore-v{version}"
     head = {"stage": "rescore", "run_id": run_id, "round": last, "policy_version": version}
     if store.landed(run_id, last, stage):
         return {**head, "skipped": f"v{version} already rescored this round's reserve"}
-    this = (pl.col("run_id") == run_id) & (pl.col("round") == last)
-    scored = scan(store, "prompt_scores").filter(this).select("prompt_id")
-    reserve = (scan(store, "pool").filter(this & (pl.col("status") == "reserve")).select("prompt_id")
+    scored = this_round(store, "prompt_scores", run_id, last).select("prompt_id")
+    reserve = (this_round(store, "pool", run_id, last).filter(pl.col("status") == "reserve").select("prompt_id")
                .join(scored, on="prompt_id", how="anti"))
-    prompts = (reserve.join(scan(store, "prompts").select("prompt_id", "text", "answer", "source", "meta")
-                            .unique("prompt_id"), on="prompt_id").sort("prompt_id").collect())
+    prompts = (reserve.join(prompt_table(store, "text", "answer", "source", "meta"), on="prompt_id")
+               .sort("prompt_id").collect())
     if prompts.height == 0:
         store.commit(stage, {}, run_id=run_id, round=last)  # nothing to do, and recorded as done
         return {**head, "reserve": 0, "reactivated": 0, "buckets": {}}
-    cfg = config.rollout
-    m = config.model
-    backend = load_backend(path, m.backend, m.device, m.dtype, m.batch_size)
+    backend = load_model(model.model_copy(update={"policy": path}))
     messages, _ = fewshot_messages(prompts, pl.DataFrame(), run_id, last, 1, 0.0, 0, cfg.instruction)
     rendered = [backend.render(msg) for msg in messages]
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens,
-                        seed=cfg.seed * 1000 + last + 500_000 + 1000 * version)  # apart from the rounds' seeds
+                        seed=round_seed(cfg.seed, last) + RESCORE_SEED_OFFSET + 1000 * version)
     t0 = time.perf_counter()
     with progress_reporter(f"rescore v{version}: rollouts", prompts.height * cfg.group_size) as advance:
         groups = backend.generate(rendered, cfg.group_size, sampling, progress=advance)
     seconds = time.perf_counter() - t0
     aug = json.dumps({"rescore": {"policy_version": version}})
     table = rollout_table(prompts, groups, rendered, [[aug] * len(g) for g in groups],
-                          verdicts(prompts, groups, config.reward), run_id, last, version)
-    u = config.utility
-    scores = eps_scores(pl.from_arrow(table).lazy(), u.beta, u.tau, u.eps)
+                          verdicts(prompts, groups, reward), run_id, last, version)
+    scores = eps_scores(pl.from_arrow(table).lazy(), utility.beta, utility.tau, utility.eps)
     store.commit(stage, {"rollouts": table, "prompt_scores": scores.to_arrow()}, run_id=run_id, round=last)
     buckets = dict(scores.group_by("bucket").len().iter_rows())
     return {**head, "reserve": prompts.height, "rollouts": table.num_rows, "seconds": sig4(seconds),
@@ -91,5 +97,6 @@ def rescore(store: Store, run_id: str, config: Any) -> dict:
 
 @task(name="rescore")
 @timed
-def rescore_task(store_uri: str, run_id: str, config: Any) -> dict:
-    return rescore(Store(store_uri), run_id, config)
+def rescore_task(store_uri: str, run_id: str, model: ModelConfig, cfg: RolloutConfig, reward: RewardConfig,
+                 utility: UtilityConfig) -> dict:
+    return rescore(Store(store_uri), run_id, model, cfg, reward, utility)

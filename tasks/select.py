@@ -1,38 +1,33 @@
-"""Select stage: k-means diverse selection ("Diversify and Conquer", arXiv 2409.11378; docs/algorithms.md §4),
-with the remaining gap measured by EPS, plus the `uniform` and `dapo_filter` baselines behind one interface.
+"""Select stage: choose the round's batch from the pool and land `selections` (and, for kmeans, `centroids`).
 
-kmeans: embed the candidates; K = min(k_max, ceil(n/8)) clusters, warm-started from last round's centroids
-when they live in the same embedding space (tasks/embed.py: the embedder, and for `policy` the checkpoint;
-a new checkpoint's hidden states are another space, where old centroids mean nothing, so it starts afresh);
-u_c = mean EPS of the scored members (members never scored count as the mean of the scored ones plus an
-exploration bonus); w_c = softmax(u_c / T_sel); the batch is split over clusters by w with largest-remainder
-rounding, capped at each cluster's size (the excess is re-split over clusters with room); inside a cluster,
-members are drawn without replacement with probability proportional to EPS + bonus.
+The algorithms (k-means diverse selection weighted by EPS, uniform, DAPO's first generation batch) are pure
+functions in tasks/core/selection.py (docs/algorithms.md §4); this stage reads the candidates, their latest
+EPS and their embeddings (tasks/embed.py: kept per embedding space, so a `policy` embedder's new checkpoint
+starts afresh), warm-starts from last round's centroids in the same space, and commits.
 
 Choices: "never scored" means no earlier round of this run scored the prompt, and a scored prompt's EPS is its
 latest score (a prompt not selected last round keeps the EPS it had, rather than passing for new and taking
-the bonus again). With bonus = 0 (allowed), members valued 0 are drawn only once a cluster's positive-valued
-members are all taken, uniformly among themselves: the limit of bonus -> 0+, so an all-zero cluster (every
-group flat or solved) is drawn uniformly instead of dividing 0 by 0.
+the bonus again).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import numpy as np
 import polars as pl
-from prefect import task
 from pydantic import Field
 
 from models.config import Section
-from models.registry import load_backend
+from models.registry import load_model
 from storage.query import scan
+from storage.rounds import prompts, this_round
 from storage.store import Store
-from tasks.core.dapo import draw_order, first_batch_size
+from tasks.core.seeds import round_seed
+from tasks.core.selection import SELECTORS, cluster_entropy, select_dapo_filter, select_kmeans, select_uniform
 from tasks.embed import cached_embeddings, embedding_space, policy_namespace
-from tasks.reporting import sig4, timed
+from tasks.reporting import sig4
+from tasks.stage import RoundContext, stage
 
 
 class SelectConfig(Section):
@@ -49,191 +44,47 @@ class SelectConfig(Section):
     embedder: Literal["minilm", "policy", "hashing"] = Field(
         "minilm", description="kmeans embeddings: minilm (packaged all-MiniLM-L6-v2), policy (the policy's "
         "mean hidden state) or hashing (hashed word n-grams, no model)")
-    seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r")
+    seed: int = Field(0, ge=0, description="selection seed; round r uses seed * 1000 + r (tasks/core/seeds.py)")
     dapo_oversample: float = Field(3.0, ge=1.0, le=100.0, description="dapo_filter: a generation batch draws "
                                    "ceil(this * the groups still missing) prompts, the first ceil(this * B) "
                                    "(DAPO's recipe: 3)")
     dapo_max_batches: int = Field(10, ge=1, le=1000, description="dapo_filter: generation batches per round at "
                                   "most, the first included; a batch still short then trains on fewer than B "
                                   "groups, and the round's summary says so")
-
-SELECTORS = ("kmeans", "uniform", "dapo_filter")
-
-
-def n_clusters(n: int, k_max: int = 64) -> int:
-    return max(1, min(k_max, math.ceil(n / 8), n))
+    minibatch_above: int = Field(20_000, ge=1, le=1_000_000_000, description="kmeans: with more candidates than "
+                                 "this, cluster with MiniBatchKMeans (batches of 4096), since full Lloyd "
+                                 "iterations over 10^5+ points are too slow")
 
 
-def kmeans(x: np.ndarray, k: int, init: np.ndarray | None = None, seed: int = 0, max_iter: int = 50):
-    """(labels, centroids). Warm-starts from `init` when it has k rows of the right width."""
-    from sklearn.cluster import KMeans, MiniBatchKMeans
-
-    warm = init is not None and init.shape == (k, x.shape[1])
-    if x.shape[0] > 20_000:  # full Lloyd iterations over 10^5+ points are too slow for a 10 s budget
-        km = MiniBatchKMeans(k, init=init if warm else "k-means++", n_init=1, random_state=seed,
-                             batch_size=4096, max_iter=max_iter)
-    else:
-        km = KMeans(k, init=init if warm else "k-means++", n_init=1, random_state=seed, max_iter=max_iter)
-    labels = km.fit_predict(x)
-    return labels.astype(np.int32), km.cluster_centers_.astype(np.float32)
-
-
-def cluster_utility(labels: np.ndarray, eps: np.ndarray, k: int, bonus: float) -> np.ndarray:
-    """u_c: mean EPS of scored members (eps is NaN where never scored), never-scored members valued at the mean
-    of all scored prompts plus `bonus`."""
-    scored = ~np.isnan(eps)
-    fill = (eps[scored].mean() if scored.any() else 0.0) + bonus
-    value = np.where(scored, eps, fill)
-    sums = np.bincount(labels, weights=value, minlength=k)
-    counts = np.bincount(labels, minlength=k)
-    return np.divide(sums, counts, out=np.full(k, -np.inf), where=counts > 0)
-
-
-def softmax_weights(u: np.ndarray, temperature: float) -> np.ndarray:
-    z = np.where(np.isfinite(u), u / temperature, -np.inf)
-    z = z - z[np.isfinite(z)].max()
-    e = np.exp(z)
-    return e / e.sum()
-
-
-def allocate(batch: int, weights: np.ndarray, sizes: np.ndarray) -> np.ndarray:
-    """Split `batch` over clusters by `weights` (largest remainder), never above a cluster's size; the
-    excess of full clusters is split again over those with room.
-
-    >>> allocate(10, np.array([0.5, 0.3, 0.2]), np.array([100, 100, 100])).tolist()
-    [5, 3, 2]
-    >>> allocate(10, np.array([0.8, 0.1, 0.1]), np.array([2, 100, 100])).tolist()
-    [2, 4, 4]
-    """
-    sizes = sizes.astype(np.int64)
-    batch = min(batch, int(sizes.sum()))
-    counts = np.zeros_like(sizes)
-    while counts.sum() < batch:
-        room = sizes - counts
-        w = np.where(room > 0, weights, 0.0)
-        if w.sum() <= 0:
-            w = (room > 0).astype(float)
-        w = w / w.sum()
-        left = batch - counts.sum()
-        exact = w * left
-        add = np.floor(exact).astype(np.int64)
-        rest = left - add.sum()
-        if rest:
-            order = np.lexsort((np.arange(len(w)), -(exact - add)))  # largest remainder, ties by index
-            add[order[:rest]] += 1
-        counts += np.minimum(add, room)
-    return counts
-
-
-def draw_proportional(rng: np.random.Generator, members: np.ndarray, value: np.ndarray, size: int) -> np.ndarray:
-    """`size` members drawn without replacement with probability proportional to `value` (>= 0). Zero-valued
-    members come only after every positive one is drawn, uniformly among themselves: the limit of a tiny
-    positive value, and no 0/0 when a cluster is all zeros (bonus = 0 and every EPS 0).
-
-    >>> draw_proportional(np.random.default_rng(0), np.arange(4), np.array([0.0, 0.5, 0.0, 0.2]), 3)[:2].tolist()
-    [1, 3]
-    """
-    positive = members[value[members] > 0]
-    take = min(size, len(positive))
-    first = (rng.choice(positive, size=take, replace=False, p=value[positive] / value[positive].sum())
-             if take else np.array([], np.int64))
-    zero = members[~(value[members] > 0)]
-    rest = rng.choice(zero, size=size - take, replace=False) if size > take else np.array([], np.int64)
-    return np.concatenate([first, rest]).astype(np.int64)
-
-
-def select_kmeans(prompt_ids: list[str], x: np.ndarray, eps: np.ndarray, batch: int, k_max: int = 64,
-                  temperature: float = 0.1, bonus: float = 0.1, init: np.ndarray | None = None,
-                  seed: int = 0) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Returns (selection rows: prompt_id, cluster, weight, reason; centroids: cluster, size, utility,
-    weight, vector)."""
-    rng = np.random.default_rng(seed)
-    k = n_clusters(len(prompt_ids), k_max)
-    labels, centers = kmeans(x, k, init, seed)
-    u = cluster_utility(labels, eps, k, bonus)
-    w = softmax_weights(u, temperature)
-    sizes = np.bincount(labels, minlength=k)
-    quota = allocate(batch, w, sizes)
-    scored = ~np.isnan(eps)
-    fill = (eps[scored].mean() if scored.any() else 0.0)
-    value = np.where(scored, eps, fill) + bonus  # + bonus keeps zero-EPS members reachable
-    chosen, reasons = [], []
-    for c in np.nonzero(quota)[0]:
-        picks = draw_proportional(rng, np.nonzero(labels == c)[0], value, quota[c])
-        chosen += picks.tolist()
-        reasons += [f"kmeans: cluster {c} quota {quota[c]}/{sizes[c]}, "
-                    + (f"EPS {eps[i]:.3f}" if scored[i] else "never scored") for i in picks]
-    chosen_arr = np.asarray(chosen, dtype=np.int64)
-    rows = pl.DataFrame({
-        "prompt_id": [prompt_ids[i] for i in chosen],
-        "cluster": labels[chosen_arr] if chosen else np.array([], np.int32),
-        "weight": w[labels[chosen_arr]] if chosen else np.array([], float),
-        "reason": reasons,
-    }, schema={"prompt_id": pl.String, "cluster": pl.Int32, "weight": pl.Float64, "reason": pl.String})
-    cents = pl.DataFrame({"cluster": np.arange(k, dtype=np.int32), "size": sizes.astype(np.int32),
-                          "utility": np.where(np.isfinite(u), u, np.nan), "weight": w,
-                          "vector": list(centers)})
-    return rows, cents
-
-
-def select_uniform(prompt_ids: list[str], batch: int, seed: int = 0) -> pl.DataFrame:
-    rng = np.random.default_rng(seed)
-    picks = rng.choice(len(prompt_ids), size=min(batch, len(prompt_ids)), replace=False)
-    return pl.DataFrame({"prompt_id": [prompt_ids[i] for i in picks], "cluster": [None] * len(picks),
-                         "weight": [None] * len(picks), "reason": ["uniform random"] * len(picks)},
-                        schema={"prompt_id": pl.String, "cluster": pl.Int32, "weight": pl.Float64,
-                                "reason": pl.String})
-
-
-def select_dapo_filter(prompt_ids: list[str], batch: int, oversample: float, seed: int = 0) -> pl.DataFrame:
-    """DAPO dynamic sampling's first generation batch (tasks/core/dapo.py): ceil(oversample * B) candidates, the
-    head of a seeded uniform draw order. DAPO draws from the whole dataset, whatever a prompt scored before;
-    the collect stage generates them, drops the zero-variance groups and refills from the same draw order."""
-    picks = draw_order(prompt_ids, seed)[:first_batch_size(batch, oversample)]
-    return pl.DataFrame({"prompt_id": picks, "cluster": [None] * len(picks), "weight": [None] * len(picks),
-                         "reason": ["dapo_filter: generation batch 1"] * len(picks)},
-                        schema={"prompt_id": pl.String, "cluster": pl.Int32, "weight": pl.Float64,
-                                "reason": pl.String})
-
-
-def cluster_entropy(labels: np.ndarray) -> float:
-    """Shannon entropy (nats) of the cluster histogram of a batch: higher is more diverse."""
-    _, counts = np.unique(labels, return_counts=True)
-    p = counts / counts.sum()
-    return float(-(p * np.log(p)).sum())
-
-
-# ---- the stage ----------------------------------------------------------------------------------------------
-def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_reserve: bool) -> dict:
-    """Select stage: choose the round's batch from the pool, land `selections` (and `centroids`)."""
-    if store.landed(run_id, round, "select"):
-        return {"stage": "select", "round": round, "skipped": "already landed"}
+@stage("select")
+def select_task(ctx: RoundContext, store: Store, cfg: SelectConfig, include_reserve: bool) -> dict:
+    """Choose the round's batch from the pool, land `selections` (and `centroids`)."""
     statuses = ["active", "reserve"] if include_reserve else ["active"]
-    this = (pl.col("run_id") == run_id) & (pl.col("round") == round)
-    last = (pl.col("run_id") == run_id) & (pl.col("round") == round - 1)
-    earlier = (pl.col("run_id") == run_id) & (pl.col("round") < round)
-    pool = scan(store, "pool").filter(this & pl.col("status").is_in(statuses)).select("prompt_id")
-    texts = scan(store, "prompts").select("prompt_id", "text").unique("prompt_id")
+    earlier = (pl.col("run_id") == ctx.run_id) & (pl.col("round") < ctx.round)
+    pool = ctx.rows(store, "pool").filter(pl.col("status").is_in(statuses)).select("prompt_id")
     # each prompt's latest score in this run; a prompt no earlier round scored has none (it is never scored)
     scores = (scan(store, "prompt_scores").filter(earlier).sort("round", "policy_version")
               .group_by("prompt_id").last().select("prompt_id", "eps"))
-    cand = pool.join(texts, on="prompt_id").join(scores, on="prompt_id", how="left").sort("prompt_id").collect()
+    cand = (pool.join(prompts(store, "text"), on="prompt_id").join(scores, on="prompt_id", how="left")
+            .sort("prompt_id").collect())
     if cand.height == 0:
-        raise ValueError(f"run {run_id} round {round}: no candidate prompts to select from")
+        raise ValueError(f"run {ctx.run_id} round {ctx.round}: no candidate prompts to select from")
     ids = cand["prompt_id"].to_list()
     eps = cand["eps"].fill_null(np.nan).to_numpy().astype(float)
-    seed = cfg.seed * 1000 + round
+    seed = round_seed(cfg.seed, ctx.round)
     tables = {}
     if cfg.selector == "kmeans":
-        backend = (load_backend(model_cfg.policy, model_cfg.backend, model_cfg.device, model_cfg.dtype,
-                                model_cfg.batch_size) if cfg.embedder == "policy" else None)
-        namespace = policy_namespace(store, run_id, model_cfg.policy) if cfg.embedder == "policy" else ""
+        backend = load_model(ctx.model) if cfg.embedder == "policy" else None
+        namespace = policy_namespace(store, ctx.run_id, ctx.policy) if cfg.embedder == "policy" else ""
         space = embedding_space(cfg.embedder, namespace)  # centroids.embedder holds it, as embeddings.embedder does
         x, fresh = cached_embeddings(store, cand.select("prompt_id", "text"), cfg.embedder, backend, namespace)
-        prev = scan(store, "centroids").filter(last & (pl.col("embedder") == space)).sort("cluster").collect()
+        prev = (this_round(store, "centroids", ctx.run_id, ctx.round - 1).filter(pl.col("embedder") == space)
+                .sort("cluster").collect())
         init = np.asarray(prev["vector"].to_list(), np.float32) if prev.height else None
-        rows, cents = select_kmeans(ids, x, eps, cfg.batch_size, cfg.k_max, cfg.temperature, cfg.bonus, init, seed)
-        tables["centroids"] = cents.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(round, pl.Int32).alias("round"),
+        rows, cents = select_kmeans(ids, x, eps, cfg.batch_size, cfg.k_max, cfg.temperature, cfg.bonus, init, seed,
+                                    cfg.minibatch_above)
+        tables["centroids"] = cents.with_columns(pl.lit(ctx.run_id).alias("run_id"),
+                                                 pl.lit(ctx.round, pl.Int32).alias("round"),
                                                  pl.lit(space).alias("embedder")).to_arrow()
         warm = init is not None and init.shape == (cents.height, x.shape[1])
         extra = {"clusters": int(cents.height), "embedded": fresh, "embedding_space": space, "warm_start": warm,
@@ -245,22 +96,16 @@ def select_batch(store: Store, run_id: str, round: int, cfg, model_cfg, include_
         extra = {"batch_size": cfg.batch_size, "oversample": cfg.dapo_oversample}  # collect refills to B
     else:
         raise ValueError(f"unknown selector {cfg.selector!r}: use one of {', '.join(SELECTORS)}")
-    sel = rows.with_columns(pl.lit(run_id).alias("run_id"), pl.lit(round, pl.Int32).alias("round"),
+    sel = rows.with_columns(pl.lit(ctx.run_id).alias("run_id"), pl.lit(ctx.round, pl.Int32).alias("round"),
                             pl.lit(cfg.selector).alias("selector"))
     tables["selections"] = sel.to_arrow()
-    store.commit("select", tables, run_id=run_id, round=round)
+    store.commit("select", tables, run_id=ctx.run_id, round=ctx.round)
     picked = np.isin(np.asarray(ids), sel["prompt_id"].to_numpy())
     scored = ~np.isnan(eps)
 
     def mean_eps(mask: np.ndarray) -> float:  # over prompts scored in an earlier round; never-scored ones have none
         return sig4(float(eps[mask & scored].mean())) if (mask & scored).any() else 0.0
 
-    return {"stage": "select", "round": round, "selector": cfg.selector, "candidates": len(ids),
+    return {"selector": cfg.selector, "candidates": len(ids),
             "selected": sel.height, "selected_unscored": int((picked & ~scored).sum()),
             "mean_eps_selected": mean_eps(picked), "mean_eps_pool": mean_eps(np.ones_like(picked)), **extra}
-
-
-@task(name="select")
-@timed
-def select_task(store_uri: str, run_id: str, round: int, cfg, model_cfg, include_reserve: bool) -> dict:
-    return select_batch(Store(store_uri), run_id, round, cfg, model_cfg, include_reserve)

@@ -1,26 +1,34 @@
 """Shape stage: picks the round's unsolved prompts, builds their off-policy traces (reference solutions, or
 teacher solutions that verify), runs the batched MCMC of tasks/core/mcmc.py under the round's policy with the
 verifier deciding membership of C, and lands `shaped_traces`. A start trace longer than
-4 x shape.max_new_tokens tokens is cut there, incomplete (no end-of-sequence), and not shaped; the summary
-counts such starts and the moves rejected as irreversible or as cut by the proposal limit (tasks/core/mcmc.py)."""
+shape.start_trace_factor x shape.max_new_tokens tokens (4 x 64 by default) is cut there, incomplete (no
+end-of-sequence), and not shaped; the summary counts such starts and the moves rejected as irreversible or as
+cut by the proposal limit (tasks/core/mcmc.py)."""
 
 from __future__ import annotations
 
-import hashlib
 import time
-from typing import Any, Literal
+from typing import Literal
 
 import polars as pl
 import pyarrow as pa
-from prefect import task
 from pydantic import Field
 
+from models.backend import require_tokens
 from models.config import Section
-from storage.query import scan
+from models.registry import load_model
+from storage.rounds import prompts, this_round
 from storage.store import Store, fault_point
-from tasks.core.mcmc import CONTINUE, Trace, _mean, shape_traces, tokens_changed
-from tasks.reporting import progress_reporter, sig4, timed
-from tasks.utility import own_samples
+from tasks.core.eps import own_samples
+from tasks.core.fewshot import ask
+from tasks.core.ids import KEY_HEX, digest
+from tasks.core.mcmc import CONTINUE, Trace, mean, shape_traces, tokens_changed
+from tasks.core.rewards import RewardConfig
+from tasks.core.verdicts import verify_row
+from tasks.refine import RefineConfig
+from tasks.reporting import progress_reporter, sig4
+from tasks.sampling import RolloutConfig
+from tasks.stage import RoundContext, stage
 
 
 class ShapeConfig(Section):
@@ -35,6 +43,9 @@ class ShapeConfig(Section):
     teacher_traces: bool = Field(True, description="where a prompt has no reference solution, ask the teacher "
                                  "(refine.teacher) for one; only traces that verify are used")
     seed: int = Field(0, ge=0, description="MCMC proposal seed")
+    start_trace_factor: int = Field(4, ge=1, le=1000, description="a start trace longer than this times "
+                                    "max_new_tokens tokens is cut there and not shaped (incomplete: no end of "
+                                    "sequence)")
 
 TEACHER_SOLUTION = """Solve this problem step by step, briefly. Its correct final answer is {answer}; end with
 \\boxed{{{answer}}}.
@@ -45,34 +56,27 @@ Problem:
 
 def shaping_candidates(store: Store, run_id: str, round: int, limit: int) -> pl.DataFrame:
     """Up to `limit` prompts of this round that the policy did not solve once, by prompt id: no correct rollout
-    among its own samples (LoPE replacements are not its own; tasks/utility.py own_samples). Not mean reward 0:
+    among its own samples (LoPE replacements are not its own; tasks/core/eps.py own_samples). Not mean reward 0:
     a never-solved prompt may still earn partial credit or a format reward."""
-    this = (pl.col("run_id") == run_id) & (pl.col("round") == round)
-    own = own_samples(scan(store, "rollouts").filter(this)).filter(  # the round's policy, not a later rescore
+    own = own_samples(this_round(store, "rollouts", run_id, round)).filter(  # the round's policy, not a later rescore
         pl.col("policy_version") == pl.col("policy_version").min())
     unsolved = own.group_by("prompt_id").agg(solved=pl.col("correct").any()).filter(~pl.col("solved")).select(
         "prompt_id")
-    prompts = scan(store, "prompts").select("prompt_id", "text", "answer", "solution", "source", "meta").unique(
-        "prompt_id")
-    return unsolved.join(prompts, on="prompt_id").sort("prompt_id").head(limit).collect()
+    return unsolved.join(prompts(store, "text", "answer", "solution", "source", "meta"), on="prompt_id").sort("prompt_id").head(limit).collect()
 
 
-def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cfg: Any, rollout_cfg: Any,
-          reward_cfg: Any, refine_cfg: Any) -> dict:
-    """The shape stage of (run_id, round) -> `shaped_traces`. `refine_cfg` names the teacher (refine.teacher
-    and its teacher_* options) that writes traces for prompts without a reference solution; a prompt it
-    cannot answer is skipped (counted as teacher_unavailable), and the stage goes on."""
-    from models.registry import load_backend, load_teacher
-    from tasks.core.rewards import verify
+@stage("shape")
+def shape_task(ctx: RoundContext, store: Store, cfg: ShapeConfig, rollout_cfg: RolloutConfig,
+               reward_cfg: RewardConfig, refine_cfg: RefineConfig) -> dict:
+    """The shape stage of ctx's round -> `shaped_traces`. `refine_cfg` names the teacher (refine.teacher and its
+    teacher_* options) that writes traces for prompts without a reference solution; a prompt it cannot answer
+    is skipped (counted as teacher_unavailable), and the stage goes on."""
+    from models.registry import load_teacher
     from tasks.refine import ask_teacher, teacher_cache
 
-    if store.landed(run_id, round, "shape"):
-        return {"stage": "shape", "round": round, "skipped": "already landed"}
+    run_id, round = ctx.run_id, ctx.round
     cands = shaping_candidates(store, run_id, round, cfg.max_traces)
-    backend = load_backend(policy, model_cfg.backend, model_cfg.device, model_cfg.dtype, model_cfg.batch_size)
-    if not hasattr(backend, "generate_ids"):
-        raise ValueError(f"shaping needs a backend with token-level generate_ids/score_ids; "
-                         f"{model_cfg.backend} has none")
+    backend = require_tokens(load_model(ctx.model), "shaping (MCMC over token ids)")
     origins: dict[str, tuple[str, str]] = {}  # prompt_id -> (origin, trace text)
     for r in cands.iter_rows(named=True):
         if r["solution"]:
@@ -80,12 +84,12 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
     need = [r for r in cands.iter_rows(named=True) if r["prompt_id"] not in origins]
     calls, unavailable = 0, 0
     if need and cfg.teacher_traces:
-        teacher = load_teacher(refine_cfg.teacher, model_cfg.model_copy(update={"policy": policy}), refine_cfg)
+        teacher = load_teacher(refine_cfg.teacher, ctx.model, refine_cfg)
         name = getattr(teacher, "name", "teacher")
         payloads, keys = {}, {}
         for r in need:
             text = TEACHER_SOLUTION.format(answer=r["answer"], question=r["text"])
-            keys[r["prompt_id"]] = hashlib.sha256(f"{name}\x1fsolution\x1f{text}".encode()).hexdigest()[:24]
+            keys[r["prompt_id"]] = digest(f"{name}\x1fsolution\x1f{text}", KEY_HEX)
             payloads[keys[r["prompt_id"]]] = text  # two prompts with one question and answer share a call
         cache = teacher_cache(store)
         fresh, failed = ask_teacher(store, teacher, payloads, cache, refine_cfg.teacher_max_new_tokens)
@@ -101,22 +105,21 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
         if r["prompt_id"] not in origins:
             continue
         origin, text = origins[r["prompt_id"]]
-        question = f"{r['text']}\n{rollout_cfg.instruction}".strip()
-        prompt_ids = backend.encode([backend.render([{"role": "user", "content": question}])])[0]
-        ctx = backend.render([{"role": "user", "content": f"{question}\n\nReference solution:\n{text}\n\n{CONTINUE}"}])
+        question = ask(r["text"], rollout_cfg.instruction)
+        prompt_ids = backend.encode([backend.render([question])])[0]
+        context = backend.render([{"role": "user",
+                                   "content": f"{question['content']}\n\nReference solution:\n{text}\n\n{CONTINUE}"}])
 
-        def in_c(ids, r=r):
-            body = tok.decode([i for i in ids if i != eos], skip_special_tokens=True)
-            return verify(body, r["answer"], r["source"], r["text"], r["meta"], reward_cfg.verifier,
-                          reward_cfg.strict, reward_cfg.format_weight).correct
+        def in_c(ids: list[int], r: dict = r) -> bool:
+            return verify_row(r, tok.decode([i for i in ids if i != eos], skip_special_tokens=True), reward_cfg).correct
 
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        cap = 4 * cfg.max_new_tokens  # the longest start trace shaped
+        cap = cfg.start_trace_factor * cfg.max_new_tokens  # the longest start trace shaped
         # a trace cut at the cap is incomplete: no EOS, so it is not shaped and never lands as correct (the
         # train stage appends EOS to every correct trace, which for a cut one would teach a false ending)
         ids = ids + [eos] if len(ids) <= cap else ids[:cap]
         key = f"{run_id}\x1f{round}\x1f{r['prompt_id']}\x1f{origin}\x1f{cfg.seed}"
-        traces.append(Trace(key, prompt_ids, backend.encode([ctx])[0], ids, in_c))
+        traces.append(Trace(key, prompt_ids, backend.encode([context])[0], ids, in_c))
         meta.append((r["prompt_id"], origin, text))
     t0 = time.perf_counter()
     with progress_reporter(f"round {round}: shaping", cfg.steps) as advance:
@@ -129,27 +132,20 @@ def shape(store: Store, run_id: str, round: int, policy: str, cfg: Any, model_cf
     for t, (pid, origin, text) in zip(traces, meta):
         in_c = bool(t.lp)  # scored = started in C; accepted moves never leave it
         rows.append({"run_id": run_id, "round": round, "prompt_id": pid,
-                     "trace_id": hashlib.sha256(t.key.encode()).hexdigest()[:16], "origin": origin,
+                     "trace_id": digest(t.key), "origin": origin,
                      "variant": cfg.variant, "start_text": text,
                      "text": tok.decode([i for i in t.ids if i != eos], skip_special_tokens=True),
-                     "start_logprob": _mean(t.start_lp) if in_c else None, "end_logprob": _mean(t.lp) if in_c else None,
+                     "start_logprob": mean(t.start_lp) if in_c else None, "end_logprob": mean(t.lp) if in_c else None,
                      "steps": cfg.steps if in_c else 0, "accept_rate": t.accepted / t.proposed if t.proposed else None,
                      "correct": in_c and t.in_c(t.ids), "tokens_changed": tokens_changed(t.start_ids, t.ids)})
     tables = {"shaped_traces": pa.Table.from_pylist(rows)} if rows else {}
     store.commit("shape", tables, run_id=run_id, round=round)
     kept = [r for r in rows if r["correct"]]
-    return {"stage": "shape", "round": round, "traces": len(rows), "in_c": len(kept), "teacher_calls": calls,
+    return {"traces": len(rows), "in_c": len(kept), "teacher_calls": calls,
             "teacher_unavailable": unavailable,
             "cut_starts": sum(not t.ids or t.ids[-1] not in backend.eos_ids for t in traces),  # as shape_traces tests
             "irreversible": sum(t.rejected_irreversible for t in traces),  # MH moves rejected: no reverse move
             "cut_proposals": sum(t.rejected_cut for t in traces),  # proposals cut by the length limit
-            "accept_rate": sig4(_mean([r["accept_rate"] for r in kept])) if kept else None,
-            "logprob_gain": sig4(_mean([r["end_logprob"] - r["start_logprob"] for r in kept])) if kept else None,
+            "accept_rate": sig4(mean([r["accept_rate"] for r in kept])) if kept else None,
+            "logprob_gain": sig4(mean([r["end_logprob"] - r["start_logprob"] for r in kept])) if kept else None,
             "seconds": sig4(time.perf_counter() - t0)}
-
-
-@task(name="shape")
-@timed
-def shape_task(store_uri: str, run_id: str, round: int, policy: str, cfg: Any, model_cfg: Any, rollout_cfg: Any,
-               reward_cfg: Any, refine_cfg: Any) -> dict:
-    return shape(Store(store_uri), run_id, round, policy, cfg, model_cfg, rollout_cfg, reward_cfg, refine_cfg)

@@ -14,13 +14,14 @@ Choices, and why:
   and the UI shows it; it holds only what names the round (where, which run, which round, which policy), not
   data. Its `model` is the run's model section with `policy` set to the round's policy spec, so a stage
   loads this round's policy with `load_backend(ctx.model)`.
-- The undecorated function stays importable and callable with a plain `Store` (tests and benchmarks call it
-  directly); `stage(...)` also exposes the skeleton without Prefect as `task.fn(ctx, *sections)`.
+- Tests and benchmarks call a stage without Prefect as `name_task.fn(ctx, *sections)`: the same skeleton
+  (landed check, summary keys, timing), no task run.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -73,6 +74,9 @@ def stage(name: str, **task_options: Any) -> Callable[[Callable[..., dict]], Any
                 return skipped(name, ctx.round)
             return {"stage": name, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
 
+        # Prefect binds a call's arguments to the task's signature: the stage's own, without `store`
+        params = list(inspect.signature(fn).parameters.values())
+        run.__signature__ = inspect.Signature([p for p in params if p.name != "store"])
         return task(name=name, **task_options)(timed(run))
 
     return wrap

@@ -25,43 +25,19 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
-from typing import Any, Literal
 
 import polars as pl
 import pyarrow as pa
 import torch
-from prefect import task
-from pydantic import Field
 
-from models.config import Section
-from storage.query import scan
+from storage.rounds import prompts
 from storage.store import Store, fault_point
-from tasks.core.grpo import Sequence, group_advantages, grpo_token_terms, train_round  # noqa: F401  (re-exported)
-from tasks.reporting import progress_reporter, sig4, timed
-
-
-class TrainConfig(Section):
-    """The GRPO round (docs/algorithms.md §6). Each round that trains writes a new policy version."""
-
-    enabled: bool = Field(True, description="train a new policy version every round")
-    mode: Literal["full", "lora"] = Field("full", description="full fine-tune, or LoRA adapters (merged on save)")
-    lr: float = Field(1e-5, gt=0.0, le=1.0, description="AdamW learning rate")
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
-    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="clip range below 1")
-    eps_high: float = Field(0.28, ge=0.0, le=10.0, description="clip range above 1 (clip-higher)")
-    kl_coef: float = Field(0.01, ge=0.0, le=10.0, description="k3 KL to the starting model (0: off)")
-    sft_weight: float = Field(0.1, ge=0.0, le=100.0, description="lambda_sft: NLL weight of shaped traces")
-    scale_std: bool = Field(True, description="divide advantages by the group std (false: Dr.GRPO)")
-    rows_per_step: int = Field(64, ge=1, le=1_000_000, description="sequences per optimizer step")
-    micro_batch: int = Field(8, ge=1, le=4096, description="sequences per forward/backward (gradient "
-                             "accumulation fills the step)")
-    micro_tokens: int = Field(1024, ge=16, le=10_000_000, description="padded tokens per forward/backward at "
-                              "most (bounds activation memory; a longer single sequence goes alone)")
-    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="gradient clipping by global norm")
-    lora_rank: int = Field(16, ge=1, le=1024, description="lora mode: rank of the adapters")
-    lora_alpha: int = Field(32, ge=1, le=4096, description="lora mode: adapter scale (alpha / rank)")
-    seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r (torch seed, "
-                      "micro-batch order)")
+from tasks.core.fewshot import ask
+from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round
+from tasks.core.seeds import round_seed
+from tasks.reporting import progress_reporter, sig4
+from tasks.sampling import RolloutConfig
+from tasks.stage import RoundContext, stage
 
 
 def rollout_sequences(rollouts: pl.DataFrame, tokenizer, eos_id: int, scale_std: bool,
@@ -92,7 +68,7 @@ def rollout_sequences(rollouts: pl.DataFrame, tokenizer, eos_id: int, scale_std:
     return seqs, used, skipped
 
 
-def load_trainable(path: str, cfg: Any, device: str):
+def load_trainable(path: str, cfg: TrainConfig, device: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
@@ -106,21 +82,20 @@ def load_trainable(path: str, cfg: Any, device: str):
     return model, tokenizer
 
 
-def train(store: Store, run_id: str, round: int, policy_version: int, policy: str, base: str, cfg: Any,
-          model_cfg: Any, rollout_cfg: Any) -> dict:
-    """The train stage of (run_id, round): GRPO on the round's rollouts + SFT on its shaped traces, then a new
-    checkpoint. `policy` sampled the round (version `policy_version`); `base` (version 0) is the KL reference."""
+@stage("train")
+def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: RolloutConfig) -> dict:
+    """GRPO on the round's rollouts + SFT on its shaped traces, then a new checkpoint. The round's policy
+    (`ctx.policy`, version `ctx.policy_version`) starts the update; the base (`ctx.base`, version 0) is the KL
+    reference."""
     from models.checkpoints import save_checkpoint
     from models.registry import release_backends, resolve
 
-    if store.landed(run_id, round, "train"):
-        return {"stage": "train", "round": round, "skipped": "already landed"}
-    this = (pl.col("run_id") == run_id) & (pl.col("round") == round)
-    rollouts = scan(store, "rollouts").filter(this).select(
+    run_id, round, policy_version, base = ctx.run_id, ctx.round, ctx.policy_version, ctx.base
+    rollouts = ctx.rows(store, "rollouts").select(
         "prompt_id", "sample_idx", "prompt_text", "completion", "reward", "finish_reason", "augmentation").collect()
-    shaped = scan(store, "shaped_traces").filter(this & pl.col("correct")).select("prompt_id", "text").collect()
-    device = model_cfg.device
-    path = resolve(policy)
+    shaped = ctx.rows(store, "shaped_traces").filter(pl.col("correct")).select("prompt_id", "text").collect()
+    device = ctx.model.device
+    path = resolve(ctx.policy)
     release_backends()  # the sampling backends' weights are not needed while training
     model, tokenizer = load_trainable(path, cfg, device)
     eos_id = tokenizer.eos_token_id
@@ -128,12 +103,10 @@ def train(store: Store, run_id: str, round: int, policy_version: int, policy: st
     seqs, used, skipped = rollout_sequences(rollouts, tokenizer, eos_id, cfg.scale_std, rollout_cfg.max_new_tokens)
     sft: list[Sequence] = []
     if shaped.height and cfg.sft_weight > 0:
-        prompts = scan(store, "prompts").select("prompt_id", "text").unique("prompt_id").collect()
-        questions = dict(prompts.iter_rows())
+        questions = dict(prompts(store, "text").collect().iter_rows())
         for p, text in shaped.iter_rows():
-            rendered = tokenizer.apply_chat_template(
-                [{"role": "user", "content": f"{questions[p]}\n{rollout_cfg.instruction}".strip()}],
-                tokenize=False, add_generation_prompt=True)
+            rendered = tokenizer.apply_chat_template([ask(questions[p], rollout_cfg.instruction)], tokenize=False,
+                                                     add_generation_prompt=True)
             comp = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_id]
             sft.append(Sequence(tokenizer(rendered, add_special_tokens=False)["input_ids"], comp))
     ref_model = None
@@ -149,8 +122,8 @@ def train(store: Store, run_id: str, round: int, policy_version: int, policy: st
             advance(1)
             fault_point("train:mid")  # test hook: a fault test kills the process here, mid-training
 
-        steps = train_round(model, ref_model, seqs, sft, cfg, pad_id, device, model_cfg.dtype,
-                            seed=cfg.seed * 1000 + round, on_step=on_step, temperature=rollout_cfg.temperature)
+        steps = train_round(model, ref_model, seqs, sft, cfg, pad_id, device, ctx.model.dtype,
+                            seed=round_seed(cfg.seed, round), on_step=on_step, temperature=rollout_cfg.temperature)
     seconds = time.perf_counter() - t0
     version = policy_version + 1
     saved = str(save_checkpoint(model, tokenizer, store, run_id, version)) if steps else path
@@ -166,15 +139,8 @@ def train(store: Store, run_id: str, round: int, policy_version: int, policy: st
         tables["train_steps"] = pa.Table.from_pylist(step_rows)
     store.commit("train", tables, run_id=run_id, round=round)
     losses = [r["loss"] for r in steps]
-    return {"stage": "train", "round": round, "policy_version": version, "steps": len(steps),
+    return {"policy_version": version, "steps": len(steps),
             "sequences": len(seqs), "groups": used, "zero_variance_groups": skipped, "sft_traces": len(sft),
             "tokens": sum(r["n_tokens"] for r in steps), "seconds": sig4(seconds),
             "tokens_per_s": sig4(sum(r["n_tokens"] for r in steps) / max(seconds, 1e-9)),
             "first_loss": sig4(losses[0]) if losses else None, "last_loss": sig4(losses[-1]) if losses else None}
-
-
-@task(name="train")
-@timed
-def train_task(store_uri: str, run_id: str, round: int, policy_version: int, policy: str, base: str, cfg: Any,
-               model_cfg: Any, rollout_cfg: Any) -> dict:
-    return train(Store(store_uri), run_id, round, policy_version, policy, base, cfg, model_cfg, rollout_cfg)

@@ -79,3 +79,10 @@ def land_pool(store, run_id: str, round: int, prompt_ids: list[str], status: str
     store.commit("pool", {"pool": pa.table({"run_id": [run_id] * n, "round": pa.array([round] * n, pa.int32()),
                                             "prompt_id": prompt_ids, "status": [status] * n})},
                  run_id=run_id, round=round)
+
+
+def round_ctx(store, run_id: str, round: int = 0, **fields):
+    """The RoundContext of (run_id, round) over `store`; `fields` set the rest (policy_version, model, ...)."""
+    from tasks.stage import RoundContext
+
+    return RoundContext(store=store.uri, run_id=run_id, round=round, **fields)

@@ -54,8 +54,9 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     # version 0's numbers are what the same sampling and the verifier give on the held-out prompts
     from models.backend import Sampling
     from models.registry import load_backend
+    from tasks.core.heldout import pass_at_k
     from tasks.core.rewards import verify
-    from tasks.evaluate import heldout_prompts, pass_at_k
+    from tasks.evaluate import heldout_prompts
 
     cfg = load_config(sets=TINY)
     held = heldout_prompts(store, "e2e").to_dicts()

@@ -9,7 +9,7 @@ import io
 from contextlib import redirect_stdout
 
 import pytest
-from conftest import q
+from conftest import q, round_ctx
 
 from flows.config import load_config
 from storage.store import Store
@@ -116,15 +116,15 @@ def scripted_dapo(*extra: str) -> list[str]:
 
 
 def _select_and_collect(store: Store, run: str, sets: list[str]) -> dict:
-    from tasks.pool import build_pool
-    from tasks.rollout import collect
-    from tasks.select import select_batch
+    from tasks.pool import pool_task
+    from tasks.rollout import collect_task
+    from tasks.select import select_task
 
     cfg = load_config(sets=sets)
-    build_pool(store, run, 0, cfg.pool.sources, 0)
-    select_batch(store, run, 0, cfg.select, cfg.model, cfg.rollout.include_reserve)
-    return collect(store, run, 0, 0, cfg.model, cfg.rollout, cfg.reward, use_selection=True, rounds=1,
-                   select_cfg=cfg.select)
+    pool_task.fn(round_ctx(store, run, 0), cfg.pool)
+    select_task.fn(round_ctx(store, run, 0, model=cfg.model), cfg.select, cfg.rollout.include_reserve)
+    return collect_task.fn(round_ctx(store, run, 0, model=cfg.model), cfg.rollout, cfg.reward, cfg.select,
+                           use_selection=True)
 
 
 
@@ -156,14 +156,14 @@ def test_collect_refills_to_b_mixed_groups_and_stores_the_discards(store):
 def test_discards_get_no_score_and_stay_in_the_pool(store):
     """The score stage scores the kept groups only; a discarded prompt keeps its pool status (DAPO draws from
     the whole dataset again next time) instead of moving to reserve as a scored saturated/too_hard one would."""
-    from tasks.pool import build_pool
-    from tasks.utility import score
+    from tasks.pool import PoolConfig, pool_task
+    from tasks.score import UtilityConfig, score_task
 
     out = _select_and_collect(store, "s", scripted_dapo())
-    score(store, "s", 0, beta=0.5, tau=0.0, eps=1e-6)
+    score_task.fn(round_ctx(store, "s", 0), UtilityConfig())
     scored = q(store, "SELECT prompt_id, bucket FROM prompt_scores WHERE run_id = 's'")
     assert len(scored) == out["dapo"]["kept"] and {s["bucket"] for s in scored} == {"informative"}
-    build_pool(store, "s", 1, [], 0)
+    pool_task.fn(round_ctx(store, "s", 1), PoolConfig())
     after = q(store, """SELECT DISTINCT p.status FROM pool p JOIN discarded_rollouts d USING (run_id, prompt_id)
                         WHERE p.run_id = 's' AND p.round = 1""")
     assert after == [{"status": "active"}]
@@ -176,7 +176,7 @@ def test_the_cap_leaves_the_batch_short_and_says_so(store):
     assert d["kept"] < 6 and d["short"] == 6 - d["kept"] and d["cap_hit"]
     n = q(store, "SELECT count(DISTINCT prompt_id) AS n FROM rollouts WHERE run_id = 'c'")[0]["n"]
     assert n == d["kept"] == out["prompts"]
-    from flows.cli import _short_batch
+    from flows.run_summary import short_batch as _short_batch
 
     assert _short_batch(d) == f"; the batch is SHORT by {d['short']} groups (the cap of 1 generation batch was hit)"
 

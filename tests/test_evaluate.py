@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tasks.evaluate import heldout_roots, pass_at_k
+from tasks.core.heldout import heldout_roots, pass_at_k
 
 
 @given(st.integers(1, 30).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n), st.integers(1, n))))

@@ -2,8 +2,9 @@ import json
 
 import polars as pl
 import pytest
+from conftest import round_ctx
 
-from tasks.fewshot import fewshot_messages, fewshot_probability
+from tasks.core.fewshot import fewshot_messages, fewshot_probability
 
 
 def _prompts(n, source="rg:products"):
@@ -57,7 +58,7 @@ def test_collect_records_fewshot_demonstrations(store):
 
     from flows.config import load_config
     from storage.query import sql
-    from tasks.rollout import collect
+    from tasks.rollout import collect_task
 
     cfg = load_config(sets=[*TINY, "rollout.fewshot_p0=1.0", "rollout.fewshot_k=1", "rollout.lope_prefixes=0"])
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -72,7 +73,7 @@ def test_collect_records_fewshot_demonstrations(store):
         "finish_reason": ["stop"] * 3})}, run_id="a", round=0)
     store.commit("pool", {"pool": pa.table({"run_id": ["a"] * 3, "round": [1] * 3, "prompt_id": ids,
                                             "status": ["active"] * 3})}, run_id="a", round=1)
-    collect(store, "a", 1, 0, cfg.model, cfg.rollout, cfg.reward, use_selection=False, rounds=4)
+    collect_task.fn(round_ctx(store, "a", 1, model=cfg.model, rounds=4), cfg.rollout, cfg.reward, cfg.select)
     rows = sql(store, "SELECT prompt_id, any_value(augmentation) AS aug, any_value(prompt_text) AS p, count(*) AS n "
                       "FROM rollouts WHERE round = 1 GROUP BY 1 ORDER BY 1").to_pylist()
     assert [r["n"] for r in rows] == [4, 4, 4]
@@ -176,7 +177,7 @@ def test_collect_never_shows_a_rung_its_own_lineage(store):
 
     from flows.config import load_config
     from storage.query import sql
-    from tasks.rollout import collect
+    from tasks.rollout import collect_task
 
     cfg = load_config(sets=[*TINY, "rollout.fewshot_p0=1.0", "rollout.fewshot_k=2", "rollout.lope_prefixes=0",
                             "rollout.group_size=2"])
@@ -193,7 +194,7 @@ def test_collect_never_shows_a_rung_its_own_lineage(store):
         "finish_reason": ["stop"] * 2})}, run_id="a", round=0)
     store.commit("pool", {"pool": pa.table({"run_id": ["a"] * 2, "round": [1] * 2, "prompt_id": ["m10", "other"],
                                             "status": ["active"] * 2})}, run_id="a", round=1)
-    collect(store, "a", 1, 0, cfg.model, cfg.rollout, cfg.reward, use_selection=False, rounds=100)
+    collect_task.fn(round_ctx(store, "a", 1, model=cfg.model, rounds=100), cfg.rollout, cfg.reward, cfg.select)
     rows = sql(store, "SELECT prompt_id, any_value(augmentation) AS aug, any_value(prompt_text) AS p "
                       "FROM rollouts WHERE round = 1 GROUP BY 1 ORDER BY 1").to_pylist()
     got = {r["prompt_id"]: r for r in rows}

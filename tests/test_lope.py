@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from conftest import round_ctx
 
 from models.backend import Completion, Sampling
 from tasks.core.lope import LOREM, is_lope_replaced, lope_rescue, lorem_prefixes, shaped_ratio
@@ -54,7 +55,7 @@ def test_rescue_replaces_up_to_g_minus_1_and_keeps_a_failure(tiny_backend):
 
 
 def test_a_replacement_records_the_reward_of_the_own_sample_it_replaced(tiny_backend):
-    """Scoring reads the policy's own G samples (tasks/utility.py own_samples), so each replacement keeps the
+    """Scoring reads the policy's own G samples (tasks/core/eps.py own_samples), so each replacement keeps the
     reward of the failure it displaced, e.g. a format reward: slots are replaced from the end."""
     g = 4
     groups, correct = _fail_groups(1, g)
@@ -91,12 +92,12 @@ def test_collect_resamples_all_fail_groups(store):
 
     from flows.config import load_config
     from storage.query import sql
-    from tasks.pool import build_pool
-    from tasks.rollout import collect
+    from tasks.pool import pool_task
+    from tasks.rollout import collect_task
 
     cfg = load_config(sets=[*TINY, "rollout.lope_max_groups=3", "rollout.lope_prefixes=2", "rollout.lope_samples=2"])
-    build_pool(store, "l", 0, cfg.pool.sources, 0)
-    out = collect(store, "l", 0, 0, cfg.model, cfg.rollout, cfg.reward, use_selection=False, rounds=1)
+    pool_task.fn(round_ctx(store, "l", 0), cfg.pool)
+    out = collect_task.fn(round_ctx(store, "l", 0, model=cfg.model), cfg.rollout, cfg.reward, cfg.select)
     assert {k: v for k, v in out["lope"].items() if k != "seconds"} == {"groups": 3, "rescued": 0, "replaced": 0,
                                                                          "resamples": 3 * 2 * 2}
     rows = sql(store, """SELECT count(DISTINCT prompt_id) AS groups, count(*) AS n,
@@ -104,8 +105,8 @@ def test_collect_resamples_all_fail_groups(store):
                          FROM rollouts WHERE augmentation LIKE '%lorem_perturb%'""").to_pylist()[0]
     assert rows == {"groups": 3, "n": 3 * 4, "resampled": 4}
     off = load_config(sets=[*TINY, "rollout.lope_prefixes=0"])
-    build_pool(store, "off", 0, off.pool.sources, 0)
-    out = collect(store, "off", 0, 0, off.model, off.rollout, off.reward, use_selection=False, rounds=1)
+    pool_task.fn(round_ctx(store, "off", 0), off.pool)
+    out = collect_task.fn(round_ctx(store, "off", 0, model=off.model), off.rollout, off.reward, off.select)
     assert out["lope"]["groups"] == 0
     assert sql(store, "SELECT count(*) AS n FROM rollouts WHERE run_id = 'off' AND augmentation IS NOT NULL"
                ).to_pylist() == [{"n": 0}]

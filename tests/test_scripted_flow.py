@@ -231,7 +231,7 @@ def test_reserve_prompts_that_recover_come_back(run):
     the policy's own samples: a LoPE rescue does not bring a reserve prompt back.)"""
     import polars as pl
 
-    from tasks.utility import next_pool
+    from tasks.core.pool_rules import next_pool
 
     store, _ = run
     rows = q(store, f"""SELECT a.round, a.prompt_id, s.bucket, b.status AS after

@@ -1,8 +1,9 @@
 import numpy as np
 import polars as pl
 import pytest
+from conftest import round_ctx
 
-from tasks.select import (
+from tasks.core.selection import (
     allocate,
     cluster_entropy,
     cluster_utility,
@@ -165,20 +166,20 @@ def test_warm_start_is_keyed_to_the_embedding_space(store, tiny_backend):
     from flows.config import ModelConfig, SelectConfig
     from models.checkpoints import save_checkpoint
     from storage.query import sql
-    from tasks.select import select_batch
+    from tasks.select import select_task
 
     cfg = SelectConfig(embedder="policy", batch_size=8, k_max=4)
     _land_pool(store, "p", rounds=3)
     base = ModelConfig(policy="tiny-random")
-    s0 = select_batch(store, "p", 0, cfg, base, include_reserve=False)
+    s0 = select_task.fn(round_ctx(store, "p", 0, model=base), cfg, include_reserve=False)
     v1 = save_checkpoint(tiny_backend.model, tiny_backend.tokenizer, store, "p", 1)
     store.commit("train", {"checkpoints": pa.table({
         "run_id": ["p"], "policy_version": pa.array([1], pa.int32()), "parent_version": pa.array([0], pa.int32()),
         "round": pa.array([0], pa.int32()), "path": [str(v1)], "created_at": [dt.datetime.now(dt.UTC)]})},
         run_id="p", round=0)
     new = ModelConfig(policy=str(v1))
-    s1 = select_batch(store, "p", 1, cfg, new, include_reserve=False)
-    s2 = select_batch(store, "p", 2, cfg, new, include_reserve=False)  # still v1: the same space
+    s1 = select_task.fn(round_ctx(store, "p", 1, model=new), cfg, include_reserve=False)
+    s2 = select_task.fn(round_ctx(store, "p", 2, model=new), cfg, include_reserve=False)  # still v1: the same space
     assert [s["embedding_space"] for s in (s0, s1, s2)] == ["policy:tiny-random", "policy:p/v1", "policy:p/v1"]
     assert [s["warm_start"] for s in (s0, s1, s2)] == [False, False, True]
     assert [s["embedded"] for s in (s0, s1, s2)] == [24, 24, 0]  # v1 embeds every prompt again, once
@@ -190,8 +191,8 @@ def test_warm_start_is_keyed_to_the_embedding_space(store, tiny_backend):
 
     minilm = SelectConfig(embedder="minilm", batch_size=8, k_max=4)
     _land_pool(store, "m", rounds=2)
-    m0 = select_batch(store, "m", 0, minilm, base, include_reserve=False)
-    m1 = select_batch(store, "m", 1, minilm, new, include_reserve=False)  # a new checkpoint: MiniLM's space stays
+    m0 = select_task.fn(round_ctx(store, "m", 0, model=base), minilm, include_reserve=False)
+    m1 = select_task.fn(round_ctx(store, "m", 1, model=new), minilm, include_reserve=False)  # a new checkpoint: MiniLM's space stays
     assert (m0["embedding_space"], m1["embedding_space"]) == ("minilm", "minilm")
     assert (m0["warm_start"], m1["warm_start"]) == (False, True)
 
@@ -213,7 +214,7 @@ def test_never_scored_means_never_in_this_run(store):
     another run's scores, and the round's own, count for nothing."""
     from flows.config import ModelConfig, SelectConfig
     from storage.query import sql
-    from tasks.select import select_batch
+    from tasks.select import select_task
 
     _land_pool(store, "r", rounds=4, n=24)
     ids = sorted(r["prompt_id"] for r in sql(store, "SELECT DISTINCT prompt_id FROM pool").to_pylist())
@@ -222,7 +223,7 @@ def test_never_scored_means_never_in_this_run(store):
     _land_scores(store, "other", 2, {ids[3]: 0.34})
     _land_scores(store, "r", 3, {ids[4]: 0.45})  # the round being selected has not been scored: a stale row
     cfg = SelectConfig(embedder="hashing", batch_size=24, k_max=3)  # the whole pool: every reason is shown
-    summary = select_batch(store, "r", 3, cfg, ModelConfig(policy="tiny-random"), include_reserve=False)
+    summary = select_task.fn(round_ctx(store, "r", 3, model=ModelConfig(policy="tiny-random")), cfg, include_reserve=False)
     rows = sql(store, "SELECT prompt_id, reason FROM selections WHERE run_id = 'r' AND round = 3").to_pylist()
     reasons = {r["prompt_id"]: r["reason"].split(", ")[-1] for r in rows}  # "kmeans: cluster c quota q/n, <value>"
     assert [reasons[i] for i in ids[:5]] == ["EPS 0.110", "EPS 0.220", "EPS 0.230", "never scored", "never scored"]

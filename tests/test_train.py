@@ -2,12 +2,12 @@
 the train stage's rows and checkpoints."""
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import round_ctx
 
-from tasks.core.grpo import Sequence, group_advantages, grpo_token_terms, train_round
+from tasks.core.grpo import Sequence, TrainConfig, group_advantages, grpo_token_terms, train_round
 
 
 def _example(lope=(False, False)):
@@ -50,8 +50,8 @@ def test_group_advantages():
     assert group_advantages([1.0, 0.0, 0.0, 0.0], scale_std=False) == pytest.approx([0.75, -0.25, -0.25, -0.25])
 
 
-CFG = SimpleNamespace(lr=1e-3, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
-                      rows_per_step=64, micro_batch=32, max_grad_norm=1.0)
+CFG = TrainConfig(lr=1e-3, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
+                  rows_per_step=64, micro_batch=32, max_grad_norm=1.0, micro_tokens=10_000_000)
 
 
 def _learn(target_rewarded: bool, rounds: int = 2) -> list[float]:
@@ -105,7 +105,7 @@ def test_train_stage_lands_steps_and_a_new_checkpoint(store):
     from models.checkpoints import checkpoint_dir, policy_for_round
     from models.registry import resolve
     from storage.query import sql
-    from tasks.train import train
+    from tasks.train import train_task
 
     cfg = load_config(sets=[*TINY, "train.lr=1e-3", "train.rows_per_step=8", "train.micro_batch=4"])
     rows = []
@@ -118,7 +118,7 @@ def test_train_stage_lands_steps_and_a_new_checkpoint(store):
                          "finish_reason": "stop", "augmentation": None})
     rows += [dict(rows[0], prompt_id="flat", sample_idx=j, reward=0.0, correct=False) for j in range(4)]
     store.commit("collect", {"rollouts": pa.Table.from_pylist(rows)}, run_id="t", round=0)
-    out = train(store, "t", 0, 0, "tiny-random", "tiny-random", cfg.train, cfg.model, cfg.rollout)
+    out = train_task.fn(round_ctx(store, "t", 0, base="tiny-random", model=cfg.model.model_copy(update={"policy": "tiny-random"})), cfg.train, cfg.rollout)
     assert out["steps"] == 2 and out["sequences"] == 16 and out["zero_variance_groups"] == 1
     steps = sql(store, "SELECT step, loss, kl, grad_norm, n_tokens, policy_version FROM train_steps ORDER BY step"
                 ).to_pylist()
@@ -128,7 +128,7 @@ def test_train_stage_lands_steps_and_a_new_checkpoint(store):
     new = AutoModelForCausalLM.from_pretrained(checkpoint_dir(store, "t", 1))
     old = AutoModelForCausalLM.from_pretrained(resolve("tiny-random"))
     assert not torch.equal(new.lm_head.weight, old.lm_head.weight)
-    assert train(store, "t", 0, 0, "tiny-random", "tiny-random", cfg.train, cfg.model, cfg.rollout)["skipped"]
+    assert train_task.fn(round_ctx(store, "t", 0, base="tiny-random", model=cfg.model.model_copy(update={"policy": "tiny-random"})), cfg.train, cfg.rollout)["skipped"]
 
 
 def test_lora_mode_trains_adapters_and_saves_a_merged_checkpoint(store):
@@ -139,7 +139,7 @@ def test_lora_mode_trains_adapters_and_saves_a_merged_checkpoint(store):
     from flows.config import load_config
     from models.checkpoints import checkpoint_dir
     from models.registry import resolve
-    from tasks.train import train
+    from tasks.train import train_task
 
     cfg = load_config(sets=[*TINY, "train.mode=lora", "train.lr=1e-2", "train.lora_rank=4"])
     rows = [{"run_id": "l", "round": 0, "policy_version": 0, "prompt_id": "p", "sample_idx": j,
@@ -147,7 +147,7 @@ def test_lora_mode_trains_adapters_and_saves_a_merged_checkpoint(store):
              "reward": float(j == 0), "correct": j == 0, "n_tokens": 2, "mean_logprob": -1.0,
              "finish_reason": "stop", "augmentation": None} for j in range(4)]
     store.commit("collect", {"rollouts": pa.Table.from_pylist(rows)}, run_id="l", round=0)
-    assert train(store, "l", 0, 0, "tiny-random", "tiny-random", cfg.train, cfg.model, cfg.rollout)["steps"] == 1
+    assert train_task.fn(round_ctx(store, "l", 0, base="tiny-random", model=cfg.model.model_copy(update={"policy": "tiny-random"})), cfg.train, cfg.rollout)["steps"] == 1
     folder = checkpoint_dir(store, "l", 1)
     assert not (folder / "adapter_config.json").exists()  # merged: a plain checkpoint every backend loads
     new = AutoModelForCausalLM.from_pretrained(folder)
@@ -168,7 +168,7 @@ def test_stage_feeds_lope_behaviour_prompts_and_shaped_traces(store, tiny_backen
 
     from flows.config import load_config
     from storage.query import sql
-    from tasks.train import rollout_sequences, train
+    from tasks.train import rollout_sequences, train_task
 
     tok = tiny_backend.tokenizer
     plain = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
@@ -192,7 +192,7 @@ def test_stage_feeds_lope_behaviour_prompts_and_shaped_traces(store, tiny_backen
          "tokens_changed": 3} for t, text, ok in (("a", "so it is 1", True), ("b", "it is 2", False))])},
         run_id="s", round=0)
     cfg = load_config(sets=[*TINY, "train.sft_weight=0.5"])
-    out = train(store, "s", 0, 0, "tiny-random", "tiny-random", cfg.train, cfg.model, cfg.rollout)
+    out = train_task.fn(round_ctx(store, "s", 0, base="tiny-random", model=cfg.model.model_copy(update={"policy": "tiny-random"})), cfg.train, cfg.rollout)
     assert out["sft_traces"] == 1 and out["sequences"] == 4
     (step,) = sql(store, "SELECT sft_loss, loss, pg_loss, kl FROM train_steps WHERE run_id = 's'").to_pylist()
     assert step["sft_loss"] > 0 and step["loss"] == pytest.approx(step["pg_loss"] + 0.01 * step["kl"]
@@ -265,7 +265,7 @@ def test_first_step_ratio_kl_and_entropy_use_the_sampling_temperature(tiny_backe
     comps = b.encode(["It is 54.", "Maybe 55", "7 * 8 = 56, so \\boxed{56}", "The answer is \\boxed{56}."])
     adv = group_advantages([0.0, 0.0, 1.0, 1.0])
     seqs = [Sequence(plain, c, a, lorem if j == 3 else None) for j, (c, a) in enumerate(zip(comps, adv))]
-    cfg = SimpleNamespace(**{**vars(CFG), "rows_per_step": 8, "kl_coef": 0.05})
+    cfg = CFG.model_copy(update={"rows_per_step": 8, "kl_coef": 0.05})
     t = 0.7
 
     def expected(temperature):
@@ -308,7 +308,7 @@ def test_train_stage_trains_at_the_rollout_temperature(store, tiny_backend):
 
     from flows.config import load_config
     from storage.query import sql
-    from tasks.train import rollout_sequences, train
+    from tasks.train import rollout_sequences, train_task
 
     cfg = load_config(sets=[*TINY, "rollout.temperature=0.5", "train.kl_coef=0", "train.rows_per_step=64"])
     rows = [{"run_id": "temp", "round": 0, "policy_version": 0, "prompt_id": "p", "sample_idx": j,
@@ -317,7 +317,7 @@ def test_train_stage_trains_at_the_rollout_temperature(store, tiny_backend):
              "correct": j in (0, 2), "n_tokens": 1, "mean_logprob": -1.0, "finish_reason": "stop",
              "augmentation": None} for j in range(4)]
     store.commit("collect", {"rollouts": pa.Table.from_pylist(rows)}, run_id="temp", round=0)
-    assert train(store, "temp", 0, 0, "tiny-random", "tiny-random", cfg.train, cfg.model, cfg.rollout)["steps"] == 1
+    assert train_task.fn(round_ctx(store, "temp", 0, base="tiny-random", model=cfg.model.model_copy(update={"policy": "tiny-random"})), cfg.train, cfg.rollout)["steps"] == 1
     (entropy,) = sql(store, "SELECT entropy FROM train_steps WHERE run_id = 'temp'").to_pylist()
     tok = tiny_backend.tokenizer
     seqs, _, _ = rollout_sequences(pl.DataFrame(rows), tok, tok.eos_token_id, True, cfg.rollout.max_new_tokens)

@@ -3,9 +3,11 @@ import math
 
 import polars as pl
 import pytest
+from conftest import round_ctx
 
 from storage.query import scan
-from tasks.utility import eps_scores, next_pool
+from tasks.core.eps import eps_scores
+from tasks.core.pool_rules import next_pool
 
 # docs/algorithms.md §1: EPS for G = 8 binary rewards with k successes
 BETA_TABLE = {
@@ -138,12 +140,12 @@ def test_a_rescued_group_scores_on_the_policys_own_samples(store):
     it is too_hard with EPS 0; with a format reward on every own sample it is flat. A store written before the
     replaced reward was recorded scores the kept own samples only. The stage summary counts rescued groups
     apart from the buckets."""
-    from tasks.utility import score
+    from tasks.score import UtilityConfig, score_task
 
     groups = {"rescued": _group([0.0] * 8, replaced=6), "format_only": _group([0.1] * 8, replaced=3),
               "legacy": _group([0.0] * 8, replaced=6, legacy=True), "mixed": _group([1, 0, 0, 1, 0, 0, 0, 0])}
     _land_round(store, [_prompt(p) for p in groups], groups)
-    out = score(store, RUN, 0, beta=0.5, tau=0.0, eps=1e-6)
+    out = score_task.fn(round_ctx(store, RUN, 0), UtilityConfig())
     got = {r["prompt_id"]: r for r in scan(store, "prompt_scores").collect().iter_rows(named=True)}
     assert (got["rescued"]["bucket"], got["rescued"]["eps"], got["rescued"]["mean_reward"], got["rescued"]["n"]) \
         == ("too_hard", 0.0, 0.0, 8)
@@ -160,15 +162,15 @@ def test_a_rescued_original_moves_to_reserve_and_enters_the_ladder(store):
     active pool for reserve and gets its mcq4 rung (today: informative, so it stayed active, unrefined)."""
     from flows.config import RefineConfig
     from storage.query import sql
-    from tasks.pool import build_pool
+    from tasks.pool import PoolConfig, pool_task
     from tasks.refine import refine
-    from tasks.utility import score
+    from tasks.score import UtilityConfig, score_task
 
     groups = {"rescued": _group([0.0] * 4, replaced=3), "mixed": _group([1, 0, 0, 1])}
     _land_round(store, [_prompt(p) for p in groups], groups)
-    score(store, RUN, 0, beta=0.5, tau=0.0, eps=1e-6)
+    score_task.fn(round_ctx(store, RUN, 0), UtilityConfig())
     refine(store, RUN, 0, RefineConfig(strategies=["ladder"]), None)
-    build_pool(store, RUN, 1, [], seed=0)
+    pool_task.fn(round_ctx(store, RUN, 1), PoolConfig())
     made = sql(store, "SELECT r.parent_id, p.transform FROM refinements r JOIN prompts p ON p.prompt_id = r.child_id "
                       "WHERE r.accepted").to_pylist()
     assert made == [{"parent_id": "rescued", "transform": "mcq4"}]
@@ -183,14 +185,14 @@ def test_promotion_is_not_fed_by_rescues(store):
     from flows.config import RefineConfig
     from storage.query import sql
     from tasks.refine import refine
-    from tasks.utility import score
+    from tasks.score import UtilityConfig, score_task
 
     prompts = [_prompt("root_a"), _prompt("root_b"),
                dict(_prompt("mcq4_rescued", "mcq4", "root_a"), meta=json.dumps({"level": "mcq4"})),
                dict(_prompt("mcq4_solved", "mcq4", "root_b"), meta=json.dumps({"level": "mcq4"}))]
     groups = {"mcq4_rescued": _group([0.0] * 4, replaced=3), "mcq4_solved": _group([1, 1, 1, 0])}
     _land_round(store, prompts, groups)
-    score(store, RUN, 0, beta=0.5, tau=0.0, eps=1e-6)
+    score_task.fn(round_ctx(store, RUN, 0), UtilityConfig())
     refine(store, RUN, 0, RefineConfig(strategies=["ladder"]), None)
     promoted = sql(store, "SELECT parent_id FROM refinements WHERE strategy = 'promote'").column("parent_id")
     assert promoted.to_pylist() == ["mcq4_solved"]
@@ -200,13 +202,13 @@ def test_shaping_candidates_are_the_prompts_with_no_correct_own_sample(store):
     """Shaping is for prompts the policy cannot yet solve: no correct rollout among its own samples. A format
     reward (mean 0.1, never correct) and a LoPE rescue (correct replacements, none of its own) qualify; a
     group with one correct own sample does not. Today's filter, mean_reward <= 0, kept only 'never'."""
+    from tasks.score import UtilityConfig, score_task
     from tasks.shape import shaping_candidates
-    from tasks.utility import score
 
     groups = {"never": _group([0.0] * 4), "format_only": _group([0.1] * 4), "rescued": _group([0.0] * 4, replaced=3),
               "solved_once": _group([1, 0, 0, 0]), "partial": _group([0.5, 0.5, 0.5, 0.5])}
     _land_round(store, [_prompt(p) for p in groups], groups)
-    score(store, RUN, 0, beta=0.5, tau=0.0, eps=1e-6)
+    score_task.fn(round_ctx(store, RUN, 0), UtilityConfig())
     got = shaping_candidates(store, RUN, 0, limit=10)["prompt_id"].to_list()
     assert got == ["format_only", "never", "partial", "rescued"]
     assert shaping_candidates(store, RUN, 0, limit=2)["prompt_id"].to_list() == ["format_only", "never"]

@@ -16,18 +16,46 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
 from models.backend import logprob_temperature
-from models.hf import _autocast
+from models.config import Section
+from models.hf import autocast as _autocast
 from tasks.core.lope import RATIO_FLOOR
 
 # k3 is unbounded where the policy has pushed a token far below the reference (exp(ref - logp)); one such
-# token gave a step KL of 127 and a gradient norm of 1607 in a real run. verl's "low_var_kl" clamps it at 10.
-KL_CLAMP = 10.0
+# token gave a step KL of 127 and a gradient norm of 1607 in a real run. verl's "low_var_kl" clamps it at 10
+# (TrainConfig.kl_clamp).
+
+
+class TrainConfig(Section):
+    """The GRPO round (docs/algorithms.md §6). Each round that trains writes a new policy version."""
+
+    enabled: bool = Field(True, description="train a new policy version every round")
+    mode: Literal["full", "lora"] = Field("full", description="full fine-tune, or LoRA adapters (merged on save)")
+    lr: float = Field(1e-5, gt=0.0, le=1.0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="clip range below 1")
+    eps_high: float = Field(0.28, ge=0.0, le=10.0, description="clip range above 1 (clip-higher)")
+    kl_coef: float = Field(0.01, ge=0.0, le=10.0, description="k3 KL to the starting model (0: off)")
+    kl_clamp: float = Field(10.0, gt=0.0, le=1e6, description="per-token cap on the k3 KL term, which is unbounded "
+                            "where the policy pushed a token far below the reference (verl's low_var_kl: 10)")
+    sft_weight: float = Field(0.1, ge=0.0, le=100.0, description="lambda_sft: NLL weight of shaped traces")
+    scale_std: bool = Field(True, description="divide advantages by the group std (false: Dr.GRPO)")
+    rows_per_step: int = Field(64, ge=1, le=1_000_000, description="sequences per optimizer step")
+    micro_batch: int = Field(8, ge=1, le=4096, description="sequences per forward/backward (gradient "
+                             "accumulation fills the step)")
+    micro_tokens: int = Field(1024, ge=16, le=10_000_000, description="padded tokens per forward/backward at "
+                              "most (bounds activation memory; a longer single sequence goes alone)")
+    max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="gradient clipping by global norm")
+    lora_rank: int = Field(16, ge=1, le=1024, description="lora mode: rank of the adapters")
+    lora_alpha: int = Field(32, ge=1, le=4096, description="lora mode: adapter scale (alpha / rank)")
+    seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r (torch seed, "
+                      "micro-batch order)")
 
 
 @dataclass
@@ -94,7 +122,7 @@ def completion_logprobs(model, prompts: list[list[int]], completions: list[list[
 
 
 def grpo_token_terms(logp, old_logp, ref_logp, adv, mask, lope, eps_low: float = 0.2, eps_high: float = 0.28,
-                     kl_coef: float = 0.01) -> dict:
+                     kl_coef: float = 0.01, kl_clamp: float = 10.0) -> dict:
     """Masked *sums* over tokens of the GRPO terms, so micro-batches can be accumulated and divided by the
     optimizer step's token count. Shapes: [B, T] for log-probs and mask, [B] for adv and lope (bool).
     Returns loss (pg + kl_coef * kl), pg, kl and clipped (token counts where the clip is active)."""
@@ -107,7 +135,7 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, mask, lope, eps_low: float =
     pg = torch.where(lope, -(ratio / (ratio + RATIO_FLOOR)) * a, pg)
     if ref_logp is not None and kl_coef > 0:
         d = ref_logp - logp
-        kl = torch.clamp(torch.exp(d) - d - 1, max=KL_CLAMP)
+        kl = torch.clamp(torch.exp(d) - d - 1, max=kl_clamp)
     else:
         kl = torch.zeros_like(logp)
     clip_active = (clipped < unclipped) & ~lope  # the min picked the clipped branch: no gradient through rho
@@ -153,7 +181,7 @@ def _logprobs(model, prompts, comps, pad_id, device, dtype, micro: int, max_toke
     return out
 
 
-def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg: Any, pad_id: int,
+def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg: TrainConfig, pad_id: int,
                 device: str = "cpu", dtype: str = "fp32", seed: int = 0, on_step=None, *,
                 temperature: float) -> list[dict]:
     """One pass of GRPO (+ SFT) over `seqs` (and `sft`), `cfg.rows_per_step` sequences per optimizer step.
@@ -165,7 +193,7 @@ def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg
     torch.manual_seed(seed)
     rng = random.Random(seed)
     micro = cfg.micro_batch
-    max_tokens = getattr(cfg, "micro_tokens", 1 << 30)
+    max_tokens = cfg.micro_tokens
     model.eval()
     old = _logprobs(model, [s.behaviour_ids or s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
                     pad_id, device, dtype, micro, max_tokens, temperature)
@@ -199,7 +227,7 @@ def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg
                 logp, _pad([old[i] for i in idx], t, device), _pad([ref[i] for i in idx], t, device) if ref else None,
                 torch.tensor([s.advantage for s in batch], device=device), mask,
                 torch.tensor([s.behaviour_ids is not None for s in batch], device=device),
-                cfg.eps_low, cfg.eps_high, cfg.kl_coef)
+                cfg.eps_low, cfg.eps_high, cfg.kl_coef, cfg.kl_clamp)
             (terms["loss"] / tokens).backward()
             for key in ("loss", "pg", "kl", "clipped"):
                 sums[key] += float(terms[key].detach())

@@ -1,4 +1,12 @@
-"""Content-addressed prompt ids: the same text, answer and source always get the same id."""
+"""Content-addressed ids and short digests, in one place.
+
+Prompt ids: the same text, answer and source always get the same id. Every other digest the project stores or
+keys by is `digest(text, width)` with one of the named widths below: sha256, truncated to hex characters.
+- ID_HEX (16 hex, 64 bits): row ids (prompts, shaped traces), commit names, embedding keys.
+- KEY_HEX (24 hex, 96 bits): teacher-call cache keys, which many prompts of many runs share.
+- SEED_HEX (8 hex, 32 bits) and RNG_HEX (15 hex, 60 bits): seeds drawn from a key (`seed_of`).
+- TAG_HEX (6 hex): a short tag that tells apart two names that print alike (report keys).
+"""
 
 from __future__ import annotations
 
@@ -21,4 +29,21 @@ def prompt_id(text: str, answer: str, source: str) -> str:
     True
     """
     payload = "\x1f".join((normalise_text(text), normalise_text(answer), source.strip()))
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+    return digest(payload)
+
+
+ID_HEX, KEY_HEX, SEED_HEX, RNG_HEX, TAG_HEX = 16, 24, 8, 15, 6
+
+
+def digest(text: str, width: int = ID_HEX) -> str:
+    """sha256 of `text` (UTF-8) as its first `width` hex characters.
+
+    >>> digest("abc"), digest("abc", TAG_HEX)
+    ('ba7816bf8f01cfea', 'ba7816')
+    """
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:width]
+
+
+def seed_of(text: str, width: int = SEED_HEX) -> int:
+    """An integer seed drawn from `text`: its digest's first `width` hex characters."""
+    return int(digest(text, width), 16)

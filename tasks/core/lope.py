@@ -94,7 +94,7 @@ def lope_rescue(backend: Any, messages: list[list[dict]], correct: list[list[boo
     resamples, in place (`groups`, `correct`, `augmentation`). `verify_one(i, text) -> (reward, correct)`.
     `own_rewards[i][j]`: the reward of the policy's own sample j of group i; a replacement records the one it
     displaced as `own_reward`, because EPS, buckets and the pool score the policy's own samples only
-    (tasks/utility.py own_samples). Without it, scoring leaves the replaced slots out."""
+    (tasks/core/eps.py own_samples). Without it, scoring leaves the replaced slots out."""
     stats = Rescue()
     failed = [i for i, c in enumerate(correct) if c and not any(c)]
     if max_groups is not None:

@@ -35,13 +35,13 @@ Traces are token ids, ending in end-of-sequence when complete; scores include th
 from __future__ import annotations
 
 import difflib
-import hashlib
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from models.backend import Sampling
+from models.backend import Sampling, TokenBackend
+from tasks.core.ids import RNG_HEX, seed_of
 
 CONTINUE = "Continue this partial answer in your own words."
 @dataclass
@@ -55,7 +55,7 @@ class Trace:
     prompt_ids: list[int]
     context_ids: list[int]
     ids: list[int]
-    in_c: Any  # callable: token ids -> bool (the verifier)
+    in_c: Callable[[list[int]], bool]  # the verifier: is this trace in C?
     lp: list[float] = field(default_factory=list)
     start_ids: list[int] = field(default_factory=list)
     start_lp: list[float] = field(default_factory=list)
@@ -68,14 +68,14 @@ class Trace:
 
     @property
     def rng_seed(self) -> int:
-        return int(hashlib.sha256(self.key.encode()).hexdigest()[:15], 16)
+        return seed_of(self.key, RNG_HEX)
 
     def __post_init__(self):
         self.rng = random.Random(self.rng_seed)
         self.start_ids = list(self.ids)
 
 
-def _mean(x: list[float]) -> float:
+def mean(x: list[float]) -> float:
     return sum(x) / len(x) if x else float("nan")
 
 
@@ -101,7 +101,7 @@ def proposable(suffix: list[int], eos_ids: list[int], max_new_tokens: int) -> bo
             and not any(tok in eos_ids for tok in suffix[:-1]))
 
 
-def _step(backend: Any, traces: list[Trace], step: int, variant: str, max_new_tokens: int,
+def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, max_new_tokens: int,
           eos_ids: list[int]) -> None:
     """One MCMC step for every trace: one batched generate call, one batched score call."""
     cuts = [t.rng.randrange(len(t.ids)) for t in traces]
@@ -152,14 +152,14 @@ def _step(backend: Any, traces: list[Trace], step: int, variant: str, max_new_to
             accept = math.log(max(u, 1e-300)) < min(0.0, log_a)
         else:
             at += 1
-            accept = _mean(new_lp) > _mean(t.lp)
+            accept = mean(new_lp) > mean(t.lp)
         t.decisions.append(accept)
         if accept:
             t.ids, t.lp = new, new_lp
             t.accepted += 1
 
 
-def shape_traces(backend: Any, traces: list[Trace], steps: int, variant: str = "mh", max_new_tokens: int = 64,
+def shape_traces(backend: TokenBackend, traces: list[Trace], steps: int, variant: str = "mh", max_new_tokens: int = 64,
                  batched: bool = True, on_step=None) -> list[Trace]:
     """Run `steps` MCMC steps on every complete trace (ending in EOS) in C; the others are left as they are,
     unscored. Batched: one generate and one score call per step for all traces; otherwise the same chains

@@ -1,0 +1,79 @@
+"""How a question becomes chat turns: the one rendering of a question (`ask`) and fewshot_context (CBRL,
+arXiv 2603.18953; docs/algorithms.md §3), a rollout-time augmentation.
+
+`ask(question, instruction)` is the user turn every stage sends: the question, a newline, the configured
+instruction, stripped. Collect, evaluate, rescore, shaping and the SFT traces of training all use it, so the
+policy sees one prompt format everywhere.
+
+In round t of T, each prompt gets, with probability p_t = p0 * (1 - t / T), k solved demonstrations as
+earlier chat turns: correct stored rollouts of *sibling* prompts from this run's earlier rounds. A sibling has
+the same source and another lineage (`root_id`): a prompt's own variants (its ladder rungs, hint prefixes,
+scaffold rewrites, and the original behind them) share its answer, so a solved one shown as an earlier turn
+would hand the policy the answer (the mcq10 rung of "What is 7*8?" was shown its solved mcq4 rung, ending in
+\\boxed{56}). Both the prompts and the demonstrations must therefore carry `root_id`; without it no
+demonstration can be chosen and the call fails with a one-line error, rather than risk the leak. The choice is
+seeded per (run, round, prompt), and the demonstrations used are recorded on every rollout row
+(`augmentation`), so the effect can be queried later. tasks/fewshot.py reads the demonstrations from the store.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import polars as pl
+
+from tasks.core.ids import seed_of
+
+
+def ask(question: str, instruction: str) -> dict:
+    """The user turn of `question` with the configured instruction.
+
+    >>> turn = ask("What is 2 + 2?", "Answer briefly.")
+    >>> turn["role"], turn["content"].splitlines()
+    ('user', ['What is 2 + 2?', 'Answer briefly.'])
+    """
+    return {"role": "user", "content": f"{question}\n{instruction}".strip()}
+
+
+def fewshot_probability(round: int, rounds: int, p0: float) -> float:
+    """p_t = p0 * (1 - t/T).
+
+    >>> fewshot_probability(0, 4, 0.5), fewshot_probability(2, 4, 0.5), fewshot_probability(4, 4, 0.5)
+    (0.5, 0.25, 0.0)
+    """
+    return max(0.0, p0 * (1 - round / rounds))
+
+
+def fewshot_messages(prompts: pl.DataFrame, demos: pl.DataFrame, run_id: str, round: int, rounds: int,
+                     p0: float, k: int, instruction: str) -> tuple[list[list[dict]], list[str | None]]:
+    """Chat messages per prompt and the augmentation record (None when no demonstration was added).
+    `prompts` (prompt_id, text, source, root_id) and `demos` (from `demonstrations`) need `root_id` whenever a
+    demonstration could be added: a demonstration never shares the prompt's lineage."""
+    p = fewshot_probability(round, rounds, p0)
+    if k > 0 and p > 0 and demos.height:
+        for name, frame in (("prompts", prompts), ("demonstrations", demos)):
+            if "root_id" not in frame.columns:
+                raise ValueError(f"few-shot context needs the {name}' root_id, to keep a prompt's own lineage "
+                                 "(its rungs and rewrites, which share its answer) out of its demonstrations")
+    by_source: dict[str, list[dict]] = {}
+    for d in demos.iter_rows(named=True):
+        by_source.setdefault(d["source"], []).append(d)
+    messages, records = [], []
+    for row in prompts.iter_rows(named=True):
+        turn = ask(row["text"], instruction)
+        seed = seed_of(f"{run_id}\x1f{round}\x1f{row['prompt_id']}")
+        rng = random.Random(seed)
+        drawn = k > 0 and rng.random() < p
+        siblings = [d for d in by_source.get(row["source"], []) if d["root_id"] != row["root_id"]] if drawn else []
+        if not siblings:
+            messages.append([turn])
+            records.append(None)
+            continue
+        chosen = rng.sample(siblings, min(k, len(siblings)))
+        turns = []
+        for d in chosen:
+            turns += [ask(d["question"], instruction), {"role": "assistant", "content": d["completion"]}]
+        messages.append([*turns, turn])
+        records.append(json.dumps({"fewshot_context": [d["prompt_id"] for d in chosen], "p": p}))
+    return messages, records

@@ -1,0 +1,34 @@
+"""Score stage: EPS and bucket for every group of the round's rollouts, on the policy's own samples ->
+`prompt_scores` (the method: tasks/core/eps.py, docs/algorithms.md §1). The summary counts LoPE-rescued groups
+apart, with their own-sample buckets.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from models.config import Section
+from storage.store import Store
+from tasks.core.eps import eps_scores, lope_replaced, own_samples
+from tasks.stage import RoundContext, stage
+
+
+class UtilityConfig(Section):
+    """EPS, the prompt utility that buckets and weights prompts (docs/algorithms.md §1)."""
+
+    beta: float = Field(0.5, gt=0.0, le=100.0, description="EPS temperature: small favours hard-but-solvable")
+    tau: float = Field(0.0, ge=0.0, le=1.0, description="EPS threshold for 'informative' and reactivation")
+    eps: float = Field(1e-6, gt=0.0, le=0.1, description="tolerance for constant groups")
+
+
+@stage("score")
+def score_task(ctx: RoundContext, store: Store, cfg: UtilityConfig) -> dict:
+    """EPS and bucket per group -> `prompt_scores`; `rescued` counts LoPE-rescued groups by own-sample bucket."""
+    rollouts = ctx.rows(store, "rollouts").collect()
+    scores = eps_scores(own_samples(rollouts).collect(), cfg.beta, cfg.tau, cfg.eps)
+    store.commit("score", {"prompt_scores": scores.to_arrow()}, run_id=ctx.run_id, round=ctx.round)
+    counts = dict(scores.group_by("bucket").len().iter_rows())
+    # from the stored rows: own_samples drops the replaced slots of older stores, yet their groups were rescued
+    rescued = scores.join(rollouts.filter(lope_replaced()).select("prompt_id").unique(), on="prompt_id", how="semi")
+    return {"prompts": scores.height, "buckets": counts,
+            "rescued": {"groups": rescued.height, **dict(rescued.group_by("bucket").len().sort("bucket").iter_rows())}}
