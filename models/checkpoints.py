@@ -5,6 +5,7 @@ tokenizer). A folder is written under a temporary name and renamed into place; i
 stage that made it has landed its `checkpoints` row, so a crash mid-save leaves nothing a reader would use,
 and the rerun overwrites it. Version 0 is the run's starting model; its row points at the resolved base.
 For an object-store root the folders live in the local model cache instead (transformers loads local folders).
+Which checkpoints a run has, and its newest, are store bookkeeping: storage/checkpoints.py.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-import polars as pl
-
-from storage.query import scan
+from storage.checkpoints import checkpoint_versions, newest_checkpoint
 from storage.store import Store
 
 
@@ -49,20 +48,13 @@ def save_checkpoint(model, tokenizer, store: Store, run_id: str, version: int) -
     return dest
 
 
-def versions(store: Store, run_id: str) -> pl.DataFrame:
-    """The run's recorded checkpoints, oldest first."""
-    return (scan(store, "checkpoints").filter(pl.col("run_id") == run_id)
-            .unique(["run_id", "policy_version"]).sort("policy_version").collect())
+versions = checkpoint_versions  # the run's recorded checkpoints; callers may import storage.checkpoints directly
 
 
 def policy_for_round(store: Store, run_id: str, round: int, base: str) -> tuple[int, str]:
     """(policy_version, model spec) that samples round `round`: the newest checkpoint made before it, else the
-    configured base model as version 0."""
-    v = versions(store, run_id).filter((pl.col("round") < round) & (pl.col("policy_version") > 0))
-    if v.height == 0:
-        return 0, base
-    last = v.row(-1, named=True)
-    if not Path(last["path"]).is_dir():
-        raise FileNotFoundError(f"run {run_id}: checkpoint v{last['policy_version']} is recorded at {last['path']}, "
-                                "but that folder is gone")
-    return last["policy_version"], last["path"]
+    configured base model as version 0. Raises FileNotFoundError when that checkpoint's folder is gone."""
+    version, path = newest_checkpoint(store, run_id, base, before_round=round)
+    if version and not Path(path).is_dir():
+        raise FileNotFoundError(f"run {run_id}: checkpoint v{version} is recorded at {path}, but that folder is gone")
+    return version, path

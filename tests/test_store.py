@@ -148,3 +148,30 @@ def test_cleanup_ages_an_old_foreign_owner_record_by_its_mtime(store):
     mtime = store.fs.modified(legacy + "/owner.json").timestamp()
     assert store.cleanup(now=mtime + 60) == [] and store.fs.exists(legacy)
     assert store.cleanup(now=max(mtime, time.time()) + 2 * 86400) == [legacy]
+
+
+def test_newest_checkpoint_is_the_newest_trained_version_before_a_round(store, tmp_path):
+    from datetime import UTC, datetime
+
+    from models.checkpoints import policy_for_round
+    from storage.checkpoints import checkpoint_versions, newest_checkpoint
+
+    assert newest_checkpoint(store, "r", "base") == (0, "base") and checkpoint_versions(store, "r").height == 0
+    now = datetime.now(UTC)
+
+    def row(v, parent, rnd, path):
+        return {"run_id": "r", "policy_version": v, "parent_version": parent, "round": rnd, "path": path,
+                "created_at": now}
+
+    (tmp_path / "v1").mkdir()
+    store.commit("train", {"checkpoints": pa.Table.from_pylist(
+        [row(0, None, 0, "/resolved/base"), row(1, 0, 0, str(tmp_path / "v1"))])}, run_id="r", round=0)
+    store.commit("train", {"checkpoints": pa.Table.from_pylist([row(2, 1, 1, str(tmp_path / "v2"))])},
+                 run_id="r", round=1)
+    assert checkpoint_versions(store, "r")["policy_version"].to_list() == [0, 1, 2]
+    assert newest_checkpoint(store, "r", "base") == (2, str(tmp_path / "v2"))
+    assert newest_checkpoint(store, "r", "base", before_round=1) == (1, str(tmp_path / "v1"))
+    assert newest_checkpoint(store, "r", "base", before_round=0) == (0, "base")  # the base, not v0's row
+    assert policy_for_round(store, "r", 1, "base") == (1, str(tmp_path / "v1"))
+    with pytest.raises(FileNotFoundError, match="checkpoint v2 is recorded at .*, but that folder is gone"):
+        policy_for_round(store, "r", 2, "base")
