@@ -81,3 +81,50 @@ def test_no_import_cycles_between_project_modules():
         if m not in state:
             visit(m, [m])
     assert not cycles, "import cycles: " + "; ".join(cycles)
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A leading underscore says "only this module uses it": `from x import _y`, or `x._y` on an imported project
+    module, in another module breaks that promise (rename it to a public name instead)."""
+    offenders = []
+    for pkg in ("flows", "tasks", "storage", "models"):
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            modules: set[str] = set()  # local names bound to project modules
+            tree = ast.parse(f.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                        and node.module.split(".")[0] in ("flows", "tasks", "storage", "models"):
+                    for a in node.names:
+                        if a.name.startswith("_"):
+                            offenders.append(f"{f.relative_to(ROOT)}: from {node.module} import {a.name}")
+                        elif (ROOT / node.module.replace(".", "/") / f"{a.name}.py").exists():
+                            modules.add(a.asname or a.name)  # `from flows import serve`
+                elif isinstance(node, ast.Import):
+                    for a in node.names:
+                        if a.name.split(".")[0] in ("flows", "tasks", "storage", "models"):
+                            modules.add(a.asname or a.name)
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                    base = ast.unparse(node.value)
+                    if base in modules:
+                        offenders.append(f"{f.relative_to(ROOT)}: {base}.{node.attr}")
+    assert not offenders, "private names used across modules: " + "; ".join(offenders)
+
+
+MAX_LINES = 300
+
+
+def test_modules_stay_small_or_say_why():
+    """A module over MAX_LINES lines is split along its seams, unless its docstring says why not with the words
+    "over 300 lines because" (benchmarks and tests are exempt)."""
+    skip = {"benchmarks", "tests"}
+    offenders = []
+    for f in sorted(ROOT.rglob("*.py")):
+        parts = f.relative_to(ROOT).parts
+        if parts[0] in skip or any(p.startswith(".") or p.endswith(".egg-info") or p == "__pycache__" for p in parts):
+            continue
+        text = f.read_text(encoding="utf-8")
+        n = len(text.splitlines())
+        if n > MAX_LINES and "over 300 lines because" not in (ast.get_docstring(ast.parse(text)) or ""):
+            offenders.append(f"{f.relative_to(ROOT)} ({n} lines)")
+    assert not offenders, f"over {MAX_LINES} lines with no reason in the docstring: " + ", ".join(offenders)
