@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Literal, get_args
@@ -41,14 +41,13 @@ import polars as pl
 import pyarrow as pa
 from pydantic import Field
 
-from models.backend import Backend
 from models.config import ModelConfig, Section
 from models.registry import load_model, load_teacher
 from storage.rounds import prompts
 from storage.store import Store, fault_point
 from tasks.core.eps import lope_replaced
 from tasks.stage import RoundContext, skipped, stage
-from tasks.strategies import PROMOTE, Parent, Proposal, Round, strategy
+from tasks.strategies import PROMOTE, Parent, Proposal, RoundView, strategy
 from tasks.strategies.base import Answer
 from tasks.strategies.gate import (
     NOT_JUDGED,
@@ -59,7 +58,7 @@ from tasks.strategies.gate import (
     mean_logprobs,
     reason_category,
 )
-from tasks.strategies.teacher_calls import Endpoint, ask_teacher, teacher_cache
+from tasks.strategies.teacher_calls import Teacher, ask_teacher, teacher_cache
 
 StrategyName = Literal["ladder", "hint_prefix", "teacher_scaffold", "harden"]  # in routing order
 
@@ -172,7 +171,18 @@ def judged(p: Proposal, lengths: Lengths) -> Proposal:
                                          min_chars=lengths.min_chars, max_chars=lengths.max_chars), gate="judged")
 
 
-def refine(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher: Backend | Endpoint | None,
+@dataclass
+class Waiting:
+    """A proposal that waits for the teacher or for the batched rewrite gate, and the slot it took."""
+
+    position: int  # its strategy's place in the routing order
+    slot: str
+    proposal: Proposal
+    call: dict | None = None  # the teacher call, as refinements.teacher_call stores it
+    asked: str = ""  # what the teacher was asked (the rewrite gate checks the child does not parrot it)
+
+
+def refine(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher: Teacher | None,
            logprobs: Callable[[list[str]], list[float]] | None = None) -> dict:
     """The refine stage of ctx's round with this teacher (None: none): reads the round's scores, lands children
     and refinements. `logprobs`: mean token log-probs of texts under the reference model, for the rewrite gate's
@@ -183,60 +193,76 @@ def refine(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher: Backend 
     rows = prompts(store).collect()
     by_id = {r["prompt_id"]: r for r in rows.iter_rows(named=True)}
     scored = scores.join(rows.select("prompt_id", "transform"), on="prompt_id").sort("prompt_id")
+    parents = [Parent(row, by_id.get(row["root_id"], row), s["bucket"], s["mean_reward"])
+               for s in scored.iter_rows(named=True) for row in [by_id[s["prompt_id"]]]]
     # the teacher is shown the student's own attempts: LoPE replacements were sampled under a perturbed
     # prompt and train the policy only (docs/algorithms.md §3)
     rollouts = (ctx.rows(store, "rollouts").filter(~lope_replaced()).sort("prompt_id", "sample_idx")
                 .select("prompt_id", "reward", "completion").collect())
     attempts = {k[0]: g.to_dicts() for k, g in rollouts.group_by("prompt_id")}
     in_pool = set(ctx.rows(store, "pool").select("prompt_id").collect()["prompt_id"])
-    view = Round(ctx.run_id, ctx.round, cfg, teacher, attempts)
-    order = routing_order(cfg.strategies)
+    view = RoundView(ctx.run_id, ctx.round, cfg, teacher, attempts)
     ledger = Ledger(cfg, set(by_id), in_pool)
-    waiting: list[tuple[int, str, Proposal]] = []  # (routing position, slot, proposal): the teacher or the batch gate
 
-    for s in scored.iter_rows(named=True):
-        row = by_id[s["prompt_id"]]
-        parent = Parent(row, by_id.get(row["root_id"], row), s["bucket"], s["mean_reward"])
+    waiting = offer(parents, view, ledger)
+    fresh, unavailable = answer(store, view, waiting, cfg)
+    fault_point("refine:mid")  # test hook: a fault test kills the process here, teacher calls landed, refine not
+    judge_rewrites(waiting, cfg.rewrite_gate(logprobs))
+    for w in sorted(waiting, key=lambda w: w.position):  # each strategy's in turn, in the order proposed
+        ledger.take(w.slot, -1)
+        ledger.record(w.slot, judged(w.proposal, view.lengths), w.call)
+    commit(store, ctx, ledger)
+    return summary(ctx, ledger, fresh, unavailable)
+
+
+def offer(parents: list[Parent], view: RoundView, ledger: Ledger) -> list[Waiting]:
+    """Offer each parent to each enabled strategy in routing order, while its cap has room; record what is made
+    now, and return what waits for the teacher or the rewrite gate (its slot taken)."""
+    waiting: list[Waiting] = []
+    order = routing_order(view.cfg.strategies)
+    for parent in parents:
         for position, name in enumerate(order):
             slot = strategy(name).slot(parent, view)
             if slot is None or not ledger.room(slot):
                 continue
             for p in strategy(name).propose(parent, view):
                 if p.ask is not None or p.gate == "rewrite":
-                    ledger.take(slot)  # the slot is taken now; the row is recorded once the child is made
-                    waiting.append((position, slot, p))
+                    ledger.take(slot)
+                    waiting.append(Waiting(position, slot, p))
                 else:
                     ledger.record(slot, judged(p, view.lengths))
+    return waiting
 
-    payloads = {p.ask.key: p.ask.payload for _, _, p in waiting if p.ask is not None}
-    cache = teacher_cache(store) if teacher is not None else {}
-    fresh, failed = (ask_teacher(store, teacher, payloads, cache, cfg.teacher_max_new_tokens, cfg.teacher_temperature)
-                     if payloads else (set(), {}))
-    fault_point("refine:mid")  # test hook: a fault test kills the process here, teacher calls landed, refine not
 
-    unavailable: set[str] = set()  # prompts (parent ids) some teacher call of which failed and fell back
-    made: list[tuple[str, Proposal, dict | None, str]] = []  # (slot, proposal, teacher call, what it was asked)
-    for _, slot, p in sorted(waiting, key=lambda w: w[0]):  # each strategy's in turn, in the order proposed
-        ledger.take(slot, -1)
-        if p.ask is None:
-            made.append((slot, p, None, ""))
-            continue
-        key = p.ask.key
-        answer = Answer(key, teacher.name, None if key in failed else cache[key], failed.get(key), key not in fresh)
-        if answer.error is not None:
-            unavailable.add(p.parent["prompt_id"])
-        made.append((slot, p.ask.then(answer), answer.record(), p.ask.payload))
-    # the rewrite gate judges every rewrite at once (one MiniLM call, one reference scoring call)
-    rewrites = [i for i, (_, p, _, _) in enumerate(made) if p.gate == "rewrite" and p.child and p.reason is None]
-    verdicts = cfg.rewrite_gate(logprobs).check([(made[i][1].child["text"], made[i][1].parent["text"],
-                                                  made[i][1].parent["answer"], made[i][3]) for i in rewrites])
-    for i, verdict in zip(rewrites, verdicts):
-        made[i] = (made[i][0], replace(made[i][1], reason=verdict, gate="judged"), *made[i][2:])
-    for slot, p, call, _ in made:
-        ledger.record(slot, judged(p, view.lengths), call)
+def answer(store: Store, view: RoundView, waiting: list[Waiting], cfg: RefineConfig) -> tuple[set[str], set[str]]:
+    """Ask the teacher every call the waiting proposals need (the store answers those asked before), and make
+    each proposal from its answer. Returns (keys answered now, parent ids some call of which failed)."""
+    asks = [w for w in waiting if w.proposal.ask is not None]
+    payloads = {w.proposal.ask.key: w.proposal.ask.payload for w in asks}
+    if not payloads:
+        return set(), set()
+    cache = teacher_cache(store)
+    fresh, failed = ask_teacher(store, view.teacher, payloads, cache, cfg.teacher_max_new_tokens,
+                                cfg.teacher_temperature)
+    unavailable: set[str] = set()
+    for w in asks:
+        ask = w.proposal.ask
+        reply = Answer(ask.key, view.teacher.name, None if ask.key in failed else cache[ask.key],
+                       failed.get(ask.key), ask.key not in fresh)
+        if reply.error is not None:
+            unavailable.add(w.proposal.parent["prompt_id"])
+        w.proposal, w.call, w.asked = ask.then(reply), reply.record(), ask.payload
+    return fresh, unavailable
 
-    commit(store, ctx, ledger)
-    return summary(ctx, ledger, fresh, unavailable)
+
+def judge_rewrites(waiting: list[Waiting], gate: RewriteGate) -> None:
+    """The rewrite gate's verdict on every free-text rewrite of the round, at once (one MiniLM call, one
+    reference scoring call)."""
+    rewrites = [w for w in waiting if w.proposal.gate == "rewrite" and w.proposal.child and w.proposal.reason is None]
+    verdicts = gate.check([(w.proposal.child["text"], w.proposal.parent["text"], w.proposal.parent["answer"], w.asked)
+                           for w in rewrites])
+    for w, verdict in zip(rewrites, verdicts):
+        w.proposal = replace(w.proposal, reason=verdict, gate="judged")
 
 
 def commit(store: Store, ctx: RoundContext, ledger: Ledger) -> None:

@@ -178,3 +178,70 @@ def test_cloze_masks_50_to_80_percent_of_the_digits_and_keeps_one(n_digits):
         shares.add(masked)
     lo, hi = -(-n_digits // 2), (4 * n_digits) // 5
     assert shares == set(range(lo, hi + 1)), shares  # every admissible count is drawn
+
+
+# ---- a new strategy is one class: registered, routed by the refine stage, judged by the gate ---------------
+
+def test_a_registered_strategy_is_routed_through_the_gate(store, monkeypatch):
+    """The smallest real strategy (the example of docs/architecture.md), registered here without touching a
+    project file: refine offers it the round's too_hard originals (not the solved one) and runs the gate's checks
+    on its children, so a child over refine.gate_max_chars is rejected as 'too long' and never enters prompts."""
+    import datetime as dt
+
+    import pyarrow as pa
+    from conftest import land_pool, q, round_ctx
+
+    import tasks.strategies.base
+    from flows.config import RefineConfig
+    from tasks.core.eps import eps_scores
+    from tasks.core.ids import prompt_id
+    from tasks.refine import refine
+    from tasks.strategies import Parent, Proposal, RoundView, Strategy, register
+
+    class StepByStep(Strategy):
+        name = "step_by_step"
+        buckets = frozenset({"too_hard"})
+
+        def propose(self, parent: Parent, view: RoundView) -> list[Proposal]:
+            text = f"{parent.row['text']}\nThink step by step."
+            return [Proposal(parent.row, view.child(parent.row, text, self.name))]
+
+    monkeypatch.setattr(tasks.strategies.base, "REGISTRY", dict(tasks.strategies.base.REGISTRY))  # undone after
+    register(StepByStep)
+    questions = {"short": ("What is 7 * 8?", "56"), "long": ("What is 6 * 9? " + "Take care. " * 5, "54"),
+                 "solved": ("What is 2 * 3?", "6")}
+    ids = {k: prompt_id(t, a, "file") for k, (t, a) in questions.items()}
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    store.commit("seed", {"prompts": pa.Table.from_pylist([
+        {"prompt_id": ids[k], "text": t, "answer": a, "source": "file", "root_id": ids[k], "transform": "original",
+         "created_at": now} for k, (t, a) in questions.items()])})
+    rollouts = pl.DataFrame([{"run_id": "a", "round": 0, "policy_version": 0, "prompt_id": ids[k], "sample_idx": j,
+                              "prompt_text": questions[k][0], "completion": "no", "reward": float(k == "solved"),
+                              "correct": k == "solved", "n_tokens": 1, "mean_logprob": -1.0, "finish_reason": "stop"}
+                             for k in questions for j in range(4)])
+    store.commit("collect", {"rollouts": rollouts.to_arrow()}, run_id="a", round=0)
+    land_pool(store, "a", 0, list(ids.values()))
+    store.commit("score", {"prompt_scores": eps_scores(rollouts).to_arrow()}, run_id="a", round=0)
+
+    cfg = RefineConfig(gate_max_chars=60).model_copy(update={"strategies": ["step_by_step"]})
+    out = refine(round_ctx(store, "a"), store, cfg, None)
+    got = {r["parent_id"]: r for r in q(store, "SELECT parent_id, strategy, accepted, reason FROM refinements")}
+    assert set(got) == {ids["short"], ids["long"]} and {r["strategy"] for r in got.values()} == {"step_by_step"}
+    assert got[ids["short"]]["accepted"] and got[ids["short"]]["reason"] is None
+    assert not got[ids["long"]]["accepted"] and got[ids["long"]]["reason"].startswith("too long")
+    made = q(store, "SELECT text, parent_id FROM prompts WHERE transform = 'step_by_step'")
+    assert made == [{"text": "What is 7 * 8?\nThink step by step.", "parent_id": ids["short"]}]
+    assert out["children"] == 1 and out["rejections"] == {"too long": 1}
+
+
+def test_every_configurable_strategy_is_registered_and_routed_in_choice_order():
+    from typing import get_args
+
+    from tasks.refine import StrategyName, routing_order
+    from tasks.strategies import REGISTRY, strategy
+
+    assert set(get_args(StrategyName)) <= set(REGISTRY)
+    assert [strategy(n).name for n in get_args(StrategyName)] == list(get_args(StrategyName))
+    assert routing_order(["harden", "step_by_step", "ladder"]) == ["ladder", "harden", "step_by_step"]
+    with pytest.raises(ValueError, match=r"^no refinement strategy 'nope' is registered under tasks/strategies/"):
+        strategy("nope")

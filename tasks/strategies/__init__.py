@@ -14,9 +14,9 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from tasks.strategies.base import PROMOTE, REGISTRY, Parent, Proposal, Round, Strategy, register, strategy
+from tasks.strategies.base import PROMOTE, REGISTRY, Parent, Proposal, RoundView, Strategy, register, strategy
 
 for _module in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["PROMOTE", "REGISTRY", "Parent", "Proposal", "Round", "Strategy", "register", "strategy"]
+__all__ = ["PROMOTE", "REGISTRY", "Parent", "Proposal", "RoundView", "Strategy", "register", "strategy"]

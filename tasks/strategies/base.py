@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Protocol, TypeVar
 
-from models.backend import Backend
 from tasks.core.ids import prompt_id as content_id
 from tasks.strategies.gate import Lengths
+from tasks.strategies.teacher_calls import Teacher
 
 PROMOTE = "promote"  # the refinements.strategy of a promotion (one step harder), with a cap of its own
 
@@ -63,13 +63,13 @@ class Parent:
 
 
 @dataclass(frozen=True)
-class Round:
+class RoundView:
     """What a strategy may read of the round besides the parent."""
 
     run_id: str
     round: int
     cfg: Settings
-    teacher: Backend | None = None  # None: no teacher is configured or wanted this round
+    teacher: Teacher | None = None  # None: no teacher is configured or wanted this round
     attempts: Mapping[str, list[dict]] = field(default_factory=dict)  # prompt id -> the policy's own rollouts
 
     def solved(self, parent: Parent) -> bool:
@@ -130,7 +130,7 @@ class Strategy(Protocol):
     name: ClassVar[str]  # its name in RefineConfig.strategies, and refinements.strategy of its children
     buckets: ClassVar[frozenset[str]] = frozenset()  # the buckets of originals it refines
 
-    def slot(self, parent: Parent, round: Round) -> str | None:
+    def slot(self, parent: Parent, view: RoundView) -> str | None:
         """The cap this parent takes a slot of (the strategy's name, or PROMOTE), or None: not for this
         parent. By default: originals of `buckets`."""
         return self.name if parent.transform == "original" and parent.bucket in self.buckets else None
@@ -139,8 +139,8 @@ class Strategy(Protocol):
         """Does it ask the teacher under these settings (the stage loads one only if some strategy does)?"""
         return False
 
-    def propose(self, parent: Parent, round: Round) -> list[Proposal]:
-        """Children of `parent` (usually one); each takes a slot of `slot(parent, round)`'s cap."""
+    def propose(self, parent: Parent, view: RoundView) -> list[Proposal]:
+        """Children of `parent` (usually one); each takes a slot of `slot(parent, view)`'s cap."""
         ...
 
 

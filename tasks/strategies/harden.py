@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from tasks.core.ids import seed_of
-from tasks.strategies.base import Parent, Proposal, Round, Strategy, child_row, register
+from tasks.strategies.base import Parent, Proposal, RoundView, Strategy, child_row, register
 
 SEED_HEX = 7  # hex digits of the parent id's digest that seed the harder problem (as first written)
 
@@ -40,5 +40,5 @@ class Harden(Strategy):
     name = "harden"
     buckets = frozenset({"saturated"})
 
-    def propose(self, parent: Parent, round: Round) -> list[Proposal]:
-        return [Proposal(parent.row, *harden_child(parent.row, round.run_id, round.round), gate="judged")]
+    def propose(self, parent: Parent, view: RoundView) -> list[Proposal]:
+        return [Proposal(parent.row, *harden_child(parent.row, view.run_id, view.round), gate="judged")]

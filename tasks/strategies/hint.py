@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from tasks.strategies.base import PROMOTE, Parent, Proposal, Round, Strategy, child_row, register
+from tasks.strategies.base import PROMOTE, Parent, Proposal, RoundView, Strategy, child_row, register
 from tasks.strategies.gate import LENGTHS, Lengths, check_child
 
 
@@ -48,19 +48,19 @@ class HintPrefix(Strategy):
     name = "hint_prefix"
     buckets = frozenset({"too_hard", "flat"})
 
-    def slot(self, parent: Parent, round: Round) -> str | None:
+    def slot(self, parent: Parent, view: RoundView) -> str | None:
         if parent.transform == "hint_prefix":
-            return PROMOTE if round.solved(parent) else None
-        return super().slot(parent, round) if parent.row.get("solution") else None
+            return PROMOTE if view.solved(parent) else None
+        return super().slot(parent, view) if parent.row.get("solution") else None
 
-    def propose(self, parent: Parent, round: Round) -> list[Proposal]:
-        cfg = round.cfg
+    def propose(self, parent: Parent, view: RoundView) -> list[Proposal]:
+        cfg = view.cfg
         if parent.transform == "hint_prefix":  # annealing: f -> f - step -> ... -> the open question
             shown = json.loads(parent.row["meta"] or "{}").get("hint_fraction", cfg.hint_fraction)
             f = annealed_fraction(shown, cfg.hint_anneal_step)
             if f == 0:
                 return [Proposal(parent.row, parent.root, gate="judged")]
-            return [Proposal(parent.row, *hint_child(parent.row, f, round.run_id, round.round, parent.root,
-                                                     round.lengths), gate="judged")]
-        return [Proposal(parent.row, *hint_child(parent.row, cfg.hint_fraction, round.run_id, round.round,
-                                                 lengths=round.lengths), gate="judged")]
+            return [Proposal(parent.row, *hint_child(parent.row, f, view.run_id, view.round, parent.root,
+                                                     view.lengths), gate="judged")]
+        return [Proposal(parent.row, *hint_child(parent.row, cfg.hint_fraction, view.run_id, view.round,
+                                                 lengths=view.lengths), gate="judged")]

@@ -27,7 +27,18 @@ import re
 from functools import partial
 
 from tasks.core.rewards import LETTERS, exact_match
-from tasks.strategies.base import PROMOTE, Answer, Ask, Parent, Proposal, Round, Settings, Strategy, child_row, register
+from tasks.strategies.base import (
+    PROMOTE,
+    Answer,
+    Ask,
+    Parent,
+    Proposal,
+    RoundView,
+    Settings,
+    Strategy,
+    child_row,
+    register,
+)
 from tasks.strategies.gate import LENGTHS, UNAVAILABLE, Lengths, check_child, cloze_mask_counts
 
 LEVELS = ("mcq4", "mcq10", "cloze", "open")
@@ -182,38 +193,38 @@ class Ladder(Strategy):
     name = "ladder"
     buckets = frozenset({"too_hard", "flat"})
 
-    def slot(self, parent: Parent, round: Round) -> str | None:
+    def slot(self, parent: Parent, view: RoundView) -> str | None:
         if parent.transform in LEVELS:
-            return PROMOTE if round.solved(parent) else None
-        return super().slot(parent, round)
+            return PROMOTE if view.solved(parent) else None
+        return super().slot(parent, view)
 
     def wants_teacher(self, cfg: Settings) -> bool:
         return cfg.teacher_distractors
 
-    def propose(self, parent: Parent, round: Round) -> list[Proposal]:
+    def propose(self, parent: Parent, view: RoundView) -> list[Proposal]:
         if parent.transform not in LEVELS:
-            return [self.rung(parent.row, parent.row, "mcq4", round)]
+            return [self.rung(parent.row, parent.row, "mcq4", view)]
         root = parent.root
         up = next_level(parent.transform)
         if up == "cloze" and make_cloze(root["prompt_id"], root["text"], root["answer"]) is None:
             up = "open"  # a one-digit answer cannot be a cloze pattern
         if up == "open":
             return [Proposal(parent.row, root, gate="judged")]
-        return [self.rung(parent.row, root, up, round)]
+        return [self.rung(parent.row, root, up, view)]
 
-    def rung(self, parent: dict, root: dict, level: str, round: Round) -> Proposal:
+    def rung(self, parent: dict, root: dict, level: str, view: RoundView) -> Proposal:
         """The `level` rung, at once, or once the teacher's distractors are in."""
-        if round.teacher is None or not round.cfg.teacher_distractors or not level.startswith("mcq"):
-            return Proposal(parent, *ladder_child(parent, root, level, round.run_id, round.round,
-                                                  lengths=round.lengths), gate="judged")
-        key, payload = distractor_payload(root["text"], root["answer"], n_options(level) - 1, round.teacher.name)
-        return Proposal(parent, ask=Ask(key, payload, partial(self.with_distractors, parent, root, level, round)))
+        if view.teacher is None or not view.cfg.teacher_distractors or not level.startswith("mcq"):
+            return Proposal(parent, *ladder_child(parent, root, level, view.run_id, view.round,
+                                                  lengths=view.lengths), gate="judged")
+        key, payload = distractor_payload(root["text"], root["answer"], n_options(level) - 1, view.teacher.name)
+        return Proposal(parent, ask=Ask(key, payload, partial(self.with_distractors, parent, root, level, view)))
 
-    def with_distractors(self, parent: dict, root: dict, level: str, round: Round, answer: Answer) -> Proposal:
+    def with_distractors(self, parent: dict, root: dict, level: str, view: RoundView, answer: Answer) -> Proposal:
         """The rung with the teacher's distractors first (programmatic ones fill the rest, or all of them when
         the call failed)."""
         wrong = [] if answer.error is not None else parse_distractors(answer.response, root["answer"],
                                                                       n_options(level) - 1)
-        child, reason = ladder_child(parent, root, level, round.run_id, round.round, wrong, round.lengths)
+        child, reason = ladder_child(parent, root, level, view.run_id, view.round, wrong, view.lengths)
         note = f"{UNAVAILABLE}: {answer.error}; programmatic distractors" if answer.error is not None else None
         return Proposal(parent, child, reason, gate="judged", note=note)

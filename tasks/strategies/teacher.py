@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from tasks.strategies.base import Answer, Ask, Parent, Proposal, Round, Settings, Strategy, register
+from tasks.strategies.base import Answer, Ask, Parent, Proposal, RoundView, Settings, Strategy, register
 from tasks.strategies.gate import EMPTY_ANSWER, UNAVAILABLE
 from tasks.strategies.teacher_calls import call_key
 
@@ -47,21 +47,21 @@ class TeacherScaffold(Strategy):
     name = "teacher_scaffold"
     buckets = frozenset({"too_hard", "flat"})
 
-    def slot(self, parent: Parent, round: Round) -> str | None:
-        return super().slot(parent, round) if round.teacher is not None else None
+    def slot(self, parent: Parent, view: RoundView) -> str | None:
+        return super().slot(parent, view) if view.teacher is not None else None
 
     def wants_teacher(self, cfg: Settings) -> bool:
         return True
 
-    def propose(self, parent: Parent, round: Round) -> list[Proposal]:
-        key, payload = teacher_payload(parent.row, list(round.attempts.get(parent.id, [])), round.teacher.name,
-                                       round.cfg.teacher_attempts)
-        return [Proposal(parent.row, ask=Ask(key, payload, partial(self.rewrite, parent.row, round)))]
+    def propose(self, parent: Parent, view: RoundView) -> list[Proposal]:
+        key, payload = teacher_payload(parent.row, list(view.attempts.get(parent.id, [])), view.teacher.name,
+                                       view.cfg.teacher_attempts)
+        return [Proposal(parent.row, ask=Ask(key, payload, partial(self.rewrite, parent.row, view)))]
 
-    def rewrite(self, parent: dict, round: Round, answer: Answer) -> Proposal:
+    def rewrite(self, parent: dict, view: RoundView, answer: Answer) -> Proposal:
         """The teacher's answer as a child for the rewrite gate, or why there is none."""
         if answer.error is not None:
             return Proposal(parent, reason=f"{UNAVAILABLE}: {answer.error}", gate="judged")
         if not answer.response:
             return Proposal(parent, reason=f"{EMPTY_ANSWER}: the teacher returned nothing", gate="judged")
-        return Proposal(parent, round.child(parent, answer.response, self.name), gate="rewrite")
+        return Proposal(parent, view.child(parent, answer.response, self.name), gate="rewrite")

@@ -43,6 +43,9 @@ class Endpoint(Protocol):
             on_answer: Callable[[str, str | None, str | None], None]) -> None: ...
 
 
+Teacher = Backend | Endpoint  # a local model answers through `generate`, an endpoint through `ask`
+
+
 def call_key(teacher_name: str, payload: str) -> str:
     """The cache key of asking `teacher_name` the prompt `payload`."""
     return digest(f"{teacher_name}\x1f{payload}", KEY_HEX)
@@ -54,7 +57,7 @@ def teacher_cache(store: Store) -> dict[str, str]:
     return dict(calls.iter_rows())
 
 
-def ask_teacher(store: Store, teacher: Backend | Endpoint, payloads: dict[str, str], cache: dict[str, str],
+def ask_teacher(store: Store, teacher: Teacher, payloads: dict[str, str], cache: dict[str, str],
                 max_new_tokens: int, temperature: float = 0.7) -> tuple[set[str], dict[str, str]]:
     """Ask the teacher every payload ({key: prompt text}) not in `cache`, at `temperature`; answers land in
     `teacher_calls` and in `cache` as they return. Returns (keys answered now, {key: one-line reason} of the
