@@ -13,10 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Section(BaseModel):
+    """A config section: unknown keys are refused (a misspelt field is an error, not a silent default)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
 class ModelConfig(Section):
+    """The policy model and where it runs (models/registry.py loads it)."""
+
     policy: str = Field("default", description="'default' (embedded SmolLM2-135M-Instruct), 'tiny-random', "
                         "a local checkpoint folder, or a Hugging Face id")
     backend: Literal["transformers", "vllm", "scripted"] = Field(

@@ -23,10 +23,10 @@ from storage.rounds import prompts, this_round
 from storage.store import Store
 from tasks.core.fewshot import ask
 from tasks.core.heldout import pass_at_k
-from tasks.core.rewards import RewardConfig, report_timeouts
+from tasks.core.rewards import RewardConfig
 from tasks.core.seeds import round_seed
 from tasks.core.verdicts import verdicts
-from tasks.reporting import sig4
+from tasks.reporting import report_timeouts, sig4
 from tasks.sampling import RolloutConfig
 from tasks.stage import RoundContext, stage
 

@@ -46,6 +46,8 @@ DEFAULT_SOURCES = [
 
 
 class PoolConfig(Section):
+    """The prompt sources of round 0 (docs/algorithms.md §2)."""
+
     sources: list[SourceSpec] = Field(default_factory=lambda: [s.model_copy() for s in DEFAULT_SOURCES],
                                       description="where the run's prompts come from (at least one)",
                                       json_schema_extra={"minItems": 1})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -64,3 +65,18 @@ def timed(fn: Callable[..., dict]) -> Callable[..., dict]:
         return out
 
     return wrapper
+
+
+def report_timeouts(stage: str, round: int, n: int) -> None:
+    """One warning line for a stage whose math-verify checks timed out: in Prefect's run log inside a run
+    (where the UI shows it), else on the verifier's logger (`refinery.verify`)."""
+    if not n:
+        return
+    msg = f"{stage} round {round}: {n} math-verify check(s) timed out and scored 0"
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        get_run_logger().warning(msg)
+    except MissingContextError:
+        logging.getLogger("refinery.verify").warning(msg)

@@ -19,12 +19,12 @@ from models.backend import Sampling
 from models.registry import load_model
 from storage.store import Store
 from tasks.core.lope import Rescue, is_lope_replaced, lope_rescue
-from tasks.core.rewards import RewardConfig, Verdict, report_timeouts
+from tasks.core.rewards import RewardConfig, Verdict
 from tasks.core.seeds import round_seed
 from tasks.core.verdicts import verify_row
 from tasks.dynamic_sampling import dynamic_round
 from tasks.fewshot import demonstrations
-from tasks.reporting import sig4
+from tasks.reporting import report_timeouts, sig4
 from tasks.sampling import RolloutConfig, rollout_table, round_prompts, sample
 from tasks.select import SelectConfig
 from tasks.stage import RoundContext, stage

@@ -13,7 +13,7 @@ Choices, and why:
 - `RoundContext` is a pydantic model, so Prefect records it as a task parameter like any config section
   and the UI shows it; it holds only what names the round (where, which run, which round, which policy), not
   data. Its `model` is the run's model section with `policy` set to the round's policy spec, so a stage
-  loads this round's policy with `load_backend(ctx.model)`.
+  loads this round's policy with `models.registry.load_model(ctx.model)`.
 - Tests and benchmarks call a stage without Prefect as `name_task.fn(ctx, *sections)`: the same skeleton
   (landed check, summary keys, timing), no task run.
 """

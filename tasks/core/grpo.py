@@ -85,7 +85,7 @@ def group_advantages(rewards: list[float], scale_std: bool = True, eps: float = 
     return [(r - mean) / (std + 1e-6) if scale_std else r - mean for r in rewards]
 
 
-def completion_logprobs(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
                         device: str = "cpu", dtype: str = "fp32", entropy: bool = False, temperature: float = 1.0):
     """Per-token log-probs of each completion given its prompt, log_softmax(logits / temperature) gathered,
     right-padded to [B, T], with the mask (and, with `entropy`, each position's entropy of that same
@@ -170,7 +170,7 @@ def micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[li
 
 
 @torch.no_grad()
-def _logprobs(model, prompts, comps, pad_id, device, dtype, micro: int, max_tokens: int,
+def _logprobs(model: torch.nn.Module, prompts, comps, pad_id, device, dtype, micro: int, max_tokens: int,
               temperature: float) -> list[torch.Tensor]:
     out: list[torch.Tensor | None] = [None] * len(prompts)
     for idx in micro_batches([len(p) + len(c) for p, c in zip(prompts, comps)], micro, max_tokens):
@@ -181,7 +181,8 @@ def _logprobs(model, prompts, comps, pad_id, device, dtype, micro: int, max_toke
     return out
 
 
-def train_round(model, ref_model, seqs: list[Sequence], sft: list[Sequence], cfg: TrainConfig, pad_id: int,
+def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | None, seqs: list[Sequence],
+                sft: list[Sequence], cfg: TrainConfig, pad_id: int,
                 device: str = "cpu", dtype: str = "fp32", seed: int = 0, on_step=None, *,
                 temperature: float) -> list[dict]:
     """One pass of GRPO (+ SFT) over `seqs` (and `sft`), `cfg.rows_per_step` sequences per optimizer step.

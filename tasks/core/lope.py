@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from models.backend import Completion, Sampling
+from models.backend import Backend, Completion, Sampling
 from models.lorem import LOREM
 
 RATIO_FLOOR = 0.1  # rho / (rho + 0.1)
@@ -85,7 +85,7 @@ def _merge(record: str | None, lope: dict) -> str:
     return json.dumps(base, sort_keys=True)
 
 
-def lope_rescue(backend: Any, messages: list[list[dict]], correct: list[list[bool]], groups: list[list[Completion]],
+def lope_rescue(backend: Backend, messages: list[list[dict]], correct: list[list[bool]], groups: list[list[Completion]],
                 augmentation: list[list[str | None]], sampling: Sampling, verify_one: Any, n_prefixes: int = 6,
                 per_prefix: int = 4, max_groups: int | None = None,
                 own_rewards: list[list[float]] | None = None) -> Rescue:

@@ -37,10 +37,12 @@ from tasks.core.math_verify_worker import (
 
 __all__ = ["LETTERS", "MATH_VERIFY", "MATH_VERIFY_TIMEOUT_S", "MAX_VERIFY_CHARS", "MCQ_LEVELS", "MathVerifyWorker",
            "RewardConfig", "Verdict", "exact_match", "extract_answer", "last_boxed", "math_check", "math_equiv",
-           "mcq_options", "option_value", "report_timeouts", "rg_score", "verify"]
+           "mcq_options", "option_value", "rg_score", "verify"]
 
 
 class RewardConfig(Section):
+    """How answers are verified and scored (docs/algorithms.md §1)."""
+
     verifier: Literal["auto", "rg", "math", "exact"] = Field("auto", description="auto: rg for rg: sources, else math")
     strict: bool = Field(False, description="only \\boxed{} or `<answer>` tags count as an answer")
     format_weight: float = Field(0.0, ge=0.0, le=1.0, description="weight of the format reward")
@@ -55,21 +57,6 @@ class Verdict:
     correct: bool
     extracted: str | None
     timed_out: bool = False  # the math-verify check overran its timeout (and scored 0)
-
-
-def report_timeouts(stage: str, round: int, n: int) -> None:
-    """One warning line for a stage whose math-verify checks timed out: in Prefect's run log inside a run
-    (where the UI shows it), else on this module's logger."""
-    if not n:
-        return
-    msg = f"{stage} round {round}: {n} math-verify check(s) timed out and scored 0"
-    from prefect import get_run_logger
-    from prefect.exceptions import MissingContextError
-
-    try:
-        get_run_logger().warning(msg)
-    except MissingContextError:
-        log.warning(msg)
 
 
 def rg_score(pred: str | None, ref: str, task: str, question: str, meta: str | None) -> float:

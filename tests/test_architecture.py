@@ -1,0 +1,90 @@
+"""The layers stay visible (docs/architecture.md): pure algorithms in tasks/core import neither Prefect nor the
+store, stages take typed sections, every config field says what it does, and adding a strategy stays a
+one-file change. Each test reads the source (ast), so a lazy import inside a function counts too."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TYPED = ("cfg", "config", "backend", "teacher", "model", "reward", "utility")  # parameter names that carry them
+
+
+def _imports(f: Path) -> list[str]:
+    out = []
+    for node in ast.walk(ast.parse(f.read_text())):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append(node.module)
+    return out
+
+
+def test_core_imports_neither_prefect_nor_the_store_nor_stages():
+    files = sorted((ROOT / "tasks" / "core").glob("*.py"))
+    assert len(files) >= 10
+    for f in files:
+        for name in _imports(f):
+            top = name.split(".")[0]
+            assert top not in ("prefect", "storage", "flows"), f"{f.relative_to(ROOT)} imports {name}"
+            assert not (top == "tasks" and not name.startswith("tasks.core")), \
+                f"{f.relative_to(ROOT)} imports the stage module {name}: core modules import only tasks.core"
+
+
+def test_a_bare_worker_imports_every_core_module_without_prefect_or_storage():
+    """In a fresh interpreter: importing all of tasks.core loads no prefect or storage module."""
+    import subprocess
+    import sys
+
+    mods = [f"tasks.core.{f.stem}" for f in sorted((ROOT / "tasks" / "core").glob("*.py")) if f.stem != "__init__"]
+    code = ("import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in mods)
+            + "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('prefect', 'storage', 'flows'))\n"
+            "print(','.join(bad))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"importing tasks.core loaded {out.stdout.strip()}"
+
+
+def test_tasks_never_import_flows():
+    for f in sorted((ROOT / "tasks").rglob("*.py")):
+        for name in _imports(f):
+            assert name.split(".")[0] != "flows", f"{f.relative_to(ROOT)} imports {name}"
+
+
+def test_no_untyped_or_any_config_or_backend_parameter_in_tasks():
+    bad = []
+    for f in sorted((ROOT / "tasks").rglob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for a in node.args.args + node.args.kwonlyargs:
+                if a.arg in TYPED or a.arg.endswith("_cfg"):
+                    ann = ast.unparse(a.annotation) if a.annotation else None
+                    if ann is None or "Any" in ann:
+                        bad.append(f"{f.relative_to(ROOT)}:{node.lineno} {node.name}({a.arg}: {ann})")
+    assert not bad, "untyped config or backend parameters:\n" + "\n".join(bad)
+
+
+def test_every_config_field_has_a_description():
+    from pydantic import BaseModel
+
+    from flows.config import RunConfig
+
+    missing, seen = [], set()
+
+    def walk(model: type[BaseModel], path: str) -> None:
+        if model in seen:
+            return
+        seen.add(model)
+        if not (model.__doc__ or "").strip() and path:
+            missing.append(f"{path} (section docstring)")
+        for name, field in model.model_fields.items():
+            if not (field.description or "").strip():
+                missing.append(f"{path}{name}")
+            ann = field.annotation
+            for t in (ann, *getattr(ann, "__args__", ())):
+                if isinstance(t, type) and issubclass(t, BaseModel):
+                    walk(t, f"{path}{name}.")
+
+    walk(RunConfig, "")
+    assert not missing, f"config fields without a description: {', '.join(missing)}"
+    schema = RunConfig.model_json_schema()  # what the Prefect UI form renders
+    assert schema["$defs"]["TrainConfig"]["properties"]["kl_clamp"]["description"]
