@@ -21,7 +21,7 @@ Choices, and why:
   set always makes the same children. A strategy outside the choices (one registered by a test) comes after.
 - Caps: at most `max_per_strategy` children per strategy (promotions count as `promote`) and `max_children` in
   all; a teacher call takes its slot when proposed. A child already in this run's pool is rejected as
-  `duplicate`; one another run made is reused as it is.
+  `duplicate`; one another run made is reused as it is (tasks/strategies/ledger.py).
 - A teacher call that fails falls back per prompt ("teacher unavailable: <why>" in the row's reason) and the
   round goes on; it is not cached, so a later run asks again. With teacher = 'policy', teacher_scaffold is
   skipped unless `scaffolds_from_policy` is set: a 135M policy's rewrites of its own failures were never valid
@@ -30,15 +30,12 @@ Choices, and why:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
 from functools import partial
 from typing import Literal, get_args
 
 import polars as pl
-import pyarrow as pa
 from pydantic import Field
 
 from models.config import ModelConfig, Section
@@ -47,17 +44,16 @@ from storage.rounds import prompts
 from storage.store import Store, fault_point
 from tasks.core.eps import lope_replaced
 from tasks.stage import RoundContext, skipped, stage
-from tasks.strategies import PROMOTE, Parent, Proposal, RoundView, strategy
+from tasks.strategies import Parent, Proposal, RoundView, strategy
 from tasks.strategies.base import Answer
 from tasks.strategies.gate import (
-    NOT_JUDGED,
     Lengths,
     RewriteBounds,
     RewriteGate,
     check_child,
     mean_logprobs,
-    reason_category,
 )
+from tasks.strategies.ledger import Ledger
 from tasks.strategies.teacher_calls import Teacher, ask_teacher, teacher_cache
 
 StrategyName = Literal["ladder", "hint_prefix", "teacher_scaffold", "harden"]  # in routing order
@@ -132,37 +128,6 @@ def routing_order(enabled: Sequence[str]) -> list[str]:
     return sorted(enabled, key=lambda name: choices.index(name) if name in choices else len(choices))
 
 
-class Ledger:
-    """The round's refinements rows and new children, and the slots each cap has taken."""
-
-    def __init__(self, cfg: RefineConfig, known: set[str], in_pool: set[str]):
-        self.cfg, self.known, self.in_pool = cfg, known, in_pool
-        self.rows: list[dict] = []
-        self.children: list[dict] = []
-        self.used: dict[str, int] = {}
-
-    def room(self, slot: str) -> bool:
-        return self.used.get(slot, 0) < self.cfg.max_per_strategy and sum(self.used.values()) < self.cfg.max_children
-
-    def take(self, slot: str, n: int = 1) -> None:
-        self.used[slot] = self.used.get(slot, 0) + n
-
-    def record(self, slot: str, p: Proposal, call: dict | None = None) -> None:
-        """One refinements row for `p` under strategy `slot` (a child accepted twice in a round is kept once)."""
-        child, reason = p.child, p.reason
-        accepted = child is not None and reason is None
-        if accepted and any(c["prompt_id"] == child["prompt_id"] for c in self.children):
-            return
-        if accepted and child["prompt_id"] in self.in_pool and slot != PROMOTE:
-            accepted, reason = False, "duplicate: already in this run's pool"
-        self.rows.append({"parent_id": p.parent["prompt_id"], "child_id": child["prompt_id"] if child else None,
-                          "strategy": slot, "accepted": accepted, "reason": reason or (p.note if accepted else None),
-                          "teacher_call": json.dumps(call) if call else None})
-        if accepted and child["prompt_id"] not in self.known:  # a child another run already made is reused
-            self.children.append(child)
-        self.take(slot)
-
-
 def judged(p: Proposal, lengths: Lengths) -> Proposal:
     """`p` with the checks every child passes run, where its maker left them to the stage."""
     if p.gate != "child" or p.child is None or p.reason is not None:
@@ -202,7 +167,7 @@ def refine(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher: Teacher 
     attempts = {k[0]: g.to_dicts() for k, g in rollouts.group_by("prompt_id")}
     in_pool = set(ctx.rows(store, "pool").select("prompt_id").collect()["prompt_id"])
     view = RoundView(ctx.run_id, ctx.round, cfg, teacher, attempts)
-    ledger = Ledger(cfg, set(by_id), in_pool)
+    ledger = Ledger(cfg.max_per_strategy, cfg.max_children, set(by_id), in_pool)
 
     waiting = offer(parents, view, ledger)
     fresh, unavailable = answer(store, view, waiting, cfg)
@@ -211,8 +176,10 @@ def refine(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher: Teacher 
     for w in sorted(waiting, key=lambda w: w.position):  # each strategy's in turn, in the order proposed
         ledger.take(w.slot, -1)
         ledger.record(w.slot, judged(w.proposal, view.lengths), w.call)
-    commit(store, ctx, ledger)
-    return summary(ctx, ledger, fresh, unavailable)
+    store.commit("refine", ledger.tables(ctx.run_id, ctx.round), run_id=ctx.run_id, round=ctx.round)
+    return {"stage": "refine", "round": ctx.round, **ledger.summary(),
+            "teacher_calls": len(fresh),  # answers asked for and received now (a failed call is teacher_unavailable)
+            "teacher_unavailable": len(unavailable)}  # prompts, not calls: a prompt can have two failed calls
 
 
 def offer(parents: list[Parent], view: RoundView, ledger: Ledger) -> list[Waiting]:
@@ -241,6 +208,9 @@ def answer(store: Store, view: RoundView, waiting: list[Waiting], cfg: RefineCon
     payloads = {w.proposal.ask.key: w.proposal.ask.payload for w in asks}
     if not payloads:
         return set(), set()
+    if view.teacher is None:
+        raise ValueError(f"strategy {asks[0].slot!r} asked the teacher, but none is loaded: its wants_teacher must "
+                         "say so")
     cache = teacher_cache(store)
     fresh, failed = ask_teacher(store, view.teacher, payloads, cache, cfg.teacher_max_new_tokens,
                                 cfg.teacher_temperature)
@@ -263,35 +233,6 @@ def judge_rewrites(waiting: list[Waiting], gate: RewriteGate) -> None:
                            for w in rewrites])
     for w, verdict in zip(rewrites, verdicts):
         w.proposal = replace(w.proposal, reason=verdict, gate="judged")
-
-
-def commit(store: Store, ctx: RoundContext, ledger: Ledger) -> None:
-    """The round's refinements and new children, in one commit."""
-    tables = {"refinements": pa.Table.from_pylist(
-        [{"run_id": ctx.run_id, "round": ctx.round, **r} for r in ledger.rows],
-        schema=pa.schema([("run_id", pa.string()), ("round", pa.int32()), ("parent_id", pa.string()),
-                          ("child_id", pa.string()), ("strategy", pa.string()), ("accepted", pa.bool_()),
-                          ("reason", pa.string()), ("teacher_call", pa.string())]))}
-    if ledger.children:
-        now = datetime.now(UTC)
-        tables["prompts"] = pa.Table.from_pylist([{**c, "created_at": now} for c in ledger.children])
-    store.commit("refine", tables, run_id=ctx.run_id, round=ctx.round)
-
-
-def summary(ctx: RoundContext, ledger: Ledger, fresh: set[str], unavailable: set[str]) -> dict:
-    rows = ledger.rows
-    frame = pl.DataFrame(rows, schema={"strategy": pl.String, "accepted": pl.Boolean}) if rows else None
-    counts = ({f"{k}{'' if a else ' (rejected)'}": v for k, a, v in
-               frame.group_by("strategy", "accepted").len().iter_rows()} if frame is not None else {})
-    rejections: dict[str, int] = {}  # gate verdicts per stable category; SQL: split_part(reason, ':', 1)
-    for r in rows:
-        category = reason_category(r["reason"]) if not r["accepted"] and r["reason"] else None
-        if category and category not in NOT_JUDGED:
-            rejections[category] = rejections.get(category, 0) + 1
-    return {"stage": "refine", "round": ctx.round, "children": len(ledger.children), "refinements": len(rows),
-            "teacher_calls": len(fresh),  # answers asked for and received now (a failed call is teacher_unavailable)
-            "by_strategy": counts, "rejections": dict(sorted(rejections.items())),
-            "teacher_unavailable": len(unavailable)}  # prompts, not calls: a prompt can have two failed calls
 
 
 @stage("refine")
