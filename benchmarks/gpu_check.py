@@ -29,13 +29,12 @@ import copy  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 import torch  # noqa: E402
 
 from models.backend import Sampling  # noqa: E402
 from models.hf import TransformersBackend  # noqa: E402
-from tasks.core.grpo import Sequence, group_advantages, train_round  # noqa: E402
+from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round  # noqa: E402
 from tasks.core.mcmc import Trace, shape_traces  # noqa: E402
 
 DEV = "cuda"
@@ -72,8 +71,9 @@ def check_correctness(tiny: str) -> dict:
 
     from transformers import AutoModelForCausalLM
 
-    cfg = SimpleNamespace(lr=1e-3, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
-                          rows_per_step=64, micro_batch=32, max_grad_norm=1.0)
+    cfg = TrainConfig(lr=1e-3, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
+                      rows_per_step=64, micro_batch=32, max_grad_norm=1.0,
+                      micro_tokens=10_000_000)
     for sign in (True, False):
         b = TransformersBackend(tiny, device=DEV, dtype="fp32", batch_size=128)
         ref = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).to(DEV).eval()
@@ -170,8 +170,9 @@ def check_speed(config_dir: str, tiny: str) -> dict:
     for i, p in enumerate(b.encode(prompts * 4)):
         seqs.append(Sequence(p, torch.randint(100, 20000, (96,), generator=g).tolist(), 1.0 if i % 2 else -1.0))
     tokens = sum(len(x.completion_ids) for x in seqs)
-    cfg = SimpleNamespace(lr=1e-6, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
-                          rows_per_step=len(seqs), micro_batch=32, max_grad_norm=1.0)
+    cfg = TrainConfig(lr=1e-6, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
+                      rows_per_step=len(seqs), micro_batch=32, max_grad_norm=1.0,
+                      micro_tokens=10_000_000)
     base = model
     ref = copy.deepcopy(base).requires_grad_(False)
 

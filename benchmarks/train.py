@@ -26,13 +26,12 @@ import argparse  # noqa: E402
 import copy  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from models.registry import resolve  # noqa: E402
-from tasks.core.grpo import Sequence, train_round  # noqa: E402
+from tasks.core.grpo import Sequence, TrainConfig, train_round  # noqa: E402
 
 
 def batch(tok, rows: int, comp_tokens: int) -> list[Sequence]:
@@ -92,8 +91,9 @@ def main() -> None:
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     seqs = batch(tok, a.rows, a.completion_tokens)
     tokens = sum(len(s.completion_ids) for s in seqs)
-    cfg = SimpleNamespace(lr=1e-6, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
-                          rows_per_step=a.rows, micro_batch=a.micro, max_grad_norm=1.0)
+    cfg = TrainConfig(lr=1e-6, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
+                      rows_per_step=a.rows, micro_batch=a.micro, max_grad_norm=1.0,
+                      micro_tokens=10_000_000)
     print(f"torch threads {torch.get_num_threads()}; {a.rows} sequences x {a.completion_tokens} completion tokens "
           f"({tokens} trained tokens), micro-batch {a.micro}")
     times = {"bare": [], "ours_step": [], "ours_round": []}

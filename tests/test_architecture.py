@@ -88,3 +88,25 @@ def test_every_config_field_has_a_description():
     assert not missing, f"config fields without a description: {', '.join(missing)}"
     schema = RunConfig.model_json_schema()  # what the Prefect UI form renders
     assert schema["$defs"]["TrainConfig"]["properties"]["kl_clamp"]["description"]
+
+
+def test_every_benchmark_still_imports_what_it_uses():
+    """A moved or renamed name breaks a benchmark only when someone next runs it: run each one's --help (its
+    imports and argument parser) in one fresh interpreter."""
+    import subprocess
+    import sys
+
+    scripts = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.py"))
+    code = ("import runpy, sys\nfailed = []\n"
+            f"for s in {scripts!r}:\n"
+            "    sys.argv = [s, '--help']\n"
+            "    try:\n"
+            "        runpy.run_path(s, run_name='__main__')\n"
+            "    except SystemExit as e:\n"
+            "        if e.code not in (0, None):\n"
+            "            failed.append(f'{s}: exit {e.code}')\n"
+            "    except Exception as e:\n"
+            "        failed.append(f'{s}: {type(e).__name__}: {e}')\n"
+            "print('FAILED ' + '; '.join(failed) if failed else 'ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.stdout.strip().splitlines()[-1] == "ok", out.stdout[-2000:] + out.stderr[-2000:]
