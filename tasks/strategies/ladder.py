@@ -21,11 +21,11 @@ and the row's reason says so.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from functools import partial
 
+from tasks.core.ids import seed_of
 from tasks.core.rewards import LETTERS, exact_match
 from tasks.strategies.base import (
     PROMOTE,
@@ -40,6 +40,7 @@ from tasks.strategies.base import (
     register,
 )
 from tasks.strategies.gate import LENGTHS, UNAVAILABLE, Lengths, check_child, cloze_mask_counts
+from tasks.strategies.teacher_calls import call_key
 
 LEVELS = ("mcq4", "mcq10", "cloze", "open")
 
@@ -50,7 +51,7 @@ def next_level(level: str) -> str | None:
 
 
 def _seed(*parts: str) -> int:
-    return int(hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:8], 16)
+    return seed_of("\x1f".join(parts))
 
 
 def numeric_distractors(answer: str, question: str, k: int, seed: int) -> list[str]:
@@ -93,7 +94,7 @@ Correct answer: {answer}"""
 def distractor_payload(question: str, answer: str, k: int, teacher_name: str) -> tuple[str, str]:
     """(cache key, prompt text) of a teacher call for k distractors."""
     payload = DISTRACTOR_TEMPLATE.format(k=k, question=question, answer=answer.strip())
-    return hashlib.sha256(f"{teacher_name}\x1fdistractors\x1f{payload}".encode()).hexdigest()[:24], payload
+    return call_key(teacher_name, f"distractors\x1f{payload}"), payload
 
 
 def parse_distractors(response: str, answer: str, k: int) -> list[str]:
