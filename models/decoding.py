@@ -96,3 +96,14 @@ def left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     shape = list(t.shape)
     shape[dim] = short
     return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=dim)
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """The keyword a model's forward takes its KV cache by: `cache` in transformers 5.20 and later,
+    `past_key_values` before (the gpu extra pins transformers < 5.20 for vLLM). Passing the wrong one is not an
+    error there: it lands in **kwargs, the cache is never filled, and each decode step sees only its last
+    token, so the keyword is read from the signature rather than assumed."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"

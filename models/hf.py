@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from models.backend import Completion, Sampling, logprob_temperature
-from models.decoding import M32, DecodeBatch, sample_keyed
+from models.decoding import M32, DecodeBatch, cache_kwarg, sample_keyed
 
 
 def native_bf16(device: str) -> bool:
@@ -62,6 +62,7 @@ class TransformersBackend:
         self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         self.model.eval()
         self.eos_ids = self._eos_ids()
+        self.cache_kwarg = cache_kwarg(self.model)  # `cache` or `past_key_values`, by transformers version
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
 
     def _eos_ids(self) -> list[int]:
@@ -138,8 +139,8 @@ class TransformersBackend:
                 with autocast(self.device, self.dtype):
                     run.logits = self.model(input_ids=run.last[:, None].to(self.device),
                                             attention_mask=run.mask.to(self.device),
-                                            position_ids=run.next_pos.to(self.device), cache=run.cache,
-                                            use_cache=True).logits[:, -1].float()
+                                            position_ids=run.next_pos.to(self.device),
+                                            use_cache=True, **{self.cache_kwarg: run.cache}).logits[:, -1].float()
                 run.next_pos = run.next_pos + 1
         out = []
         for i in range(len(prompts)):
@@ -162,8 +163,8 @@ class TransformersBackend:
         cache = DynamicCache()
         with autocast(self.device, self.dtype):
             logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                                position_ids=pos.to(self.device), cache=cache, use_cache=True,
-                                logits_to_keep=1).logits[:, -1].float()
+                                position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1,
+                                **{self.cache_kwarg: cache}).logits[:, -1].float()
         b = DecodeBatch()
         b.cache, b.mask, b.next_pos = cache, mask, pos[:, -1:] + 1
         b.logits = logits

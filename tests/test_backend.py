@@ -176,3 +176,39 @@ def test_lope_behaviour_logprob_is_the_trainers_at_the_sampling_temperature(tiny
         behaviour = b.encode([lope["behaviour_prompt"]])[0]
         lp, _, _ = completion_logprobs(b.model, [behaviour], [c.token_ids], b.pad_id, temperature=0.7)
         assert lope["behaviour_mean_logprob"] == pytest.approx(float(lp[0].detach().mean()), abs=1e-4)
+
+
+def test_the_kv_cache_goes_by_the_keyword_the_installed_transformers_takes():
+    """transformers 5.20 renamed forward's `past_key_values` to `cache`; the other name is swallowed by
+    **kwargs, so the cache stayed empty and every decode step saw only its last token (on the H200 with
+    transformers 5.17, generate's log-probs were off by up to 13 nats from a plain forward)."""
+    import torch
+
+    from models.decoding import cache_kwarg
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs): ...
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None, **kwargs): ...
+
+    assert (cache_kwarg(Old()), cache_kwarg(New())) == ("past_key_values", "cache")
+
+
+def test_generate_reports_the_log_probs_a_plain_forward_gives(tiny_backend):
+    """Each sampled token's reported log-prob is the model's at that position given everything before it:
+    checked against one unbatched, uncached forward of prompt + completion."""
+    import torch
+
+    from models.backend import Sampling
+
+    b = tiny_backend
+    ids = b.encode([b.render([{"role": "user", "content": f"What is {i} + {i}?" + " Think." * i}]) for i in range(3)])
+    out = b.generate_ids(ids, 2, Sampling(0.7, 1.0, 10, 0), row_seeds=[0, 1, 2])
+    for p, group in zip(ids, out):
+        for c in group:
+            x = torch.tensor([p + c.token_ids])
+            with torch.no_grad():
+                logits = b.model(x).logits[0, len(p) - 1:-1].float() / 0.7
+            plain = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+            assert torch.allclose(torch.tensor(c.logprobs), plain, atol=1e-4)
