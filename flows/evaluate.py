@@ -26,7 +26,7 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
     """Evaluate checkpoint `checkpoint` (a policy_version; default the newest) of run `run_id` (default the
     newest run) on the run's held-out split."""
     from flows.config import RunConfig
-    from models.checkpoints import versions
+    from storage.checkpoints import checkpoint_versions
     from storage.runs import stored_config
     from tasks.evaluate import evaluate_versions
     from tasks.stage import RoundContext
@@ -37,7 +37,7 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
     if cfg is None:
         raise ValueError(f"run {run_id!r} is not in the store {s.uri}")
     config = RunConfig.model_validate(cfg)
-    known = versions(s, run_id)
+    known = checkpoint_versions(s, run_id)
     if known.height == 0:
         known = pl.DataFrame({"policy_version": [0], "round": [0], "path": [config.model.policy]})
     if checkpoint is None:

@@ -15,7 +15,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from storage.checkpoints import checkpoint_versions, newest_checkpoint
+from storage.checkpoints import newest_checkpoint
 from storage.store import Store
 
 
@@ -48,7 +48,6 @@ def save_checkpoint(model, tokenizer, store: Store, run_id: str, version: int) -
     return dest
 
 
-versions = checkpoint_versions  # the run's recorded checkpoints; callers may import storage.checkpoints directly
 
 
 def policy_for_round(store: Store, run_id: str, round: int, base: str) -> tuple[int, str]:

@@ -129,9 +129,9 @@ def embedding_space(embedder: str, namespace: str = "") -> str:
 def policy_namespace(store: Store, run_id: str, spec: str) -> str:
     """Which weights the policy spec names: '<run>/v<N>' for one of the run's recorded checkpoints, else the
     spec itself (a base model: 'default', 'tiny-random', a hub id or a folder)."""
-    from models.checkpoints import versions
+    from storage.checkpoints import checkpoint_versions
 
-    hit = versions(store, run_id).filter(pl.col("path") == spec)
+    hit = checkpoint_versions(store, run_id).filter(pl.col("path") == spec)
     return f"{run_id}/v{hit['policy_version'][0]}" if hit.height else spec
 
 

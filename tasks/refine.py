@@ -261,7 +261,7 @@ def reference_logprobs(reference: ModelConfig, texts: list[str]) -> list[float]:
 def reference_policy(store: Store, run_id: str, round_policy: str) -> str:
     """The run's base policy (version 0), the gate's reference model: its recorded checkpoint row once the
     first train stage landed, else the round's policy, which is the base until then."""
-    from models.checkpoints import versions
+    from storage.checkpoints import checkpoint_versions
 
-    v0 = versions(store, run_id).filter(pl.col("policy_version") == 0)
+    v0 = checkpoint_versions(store, run_id).filter(pl.col("policy_version") == 0)
     return v0["path"][0] if v0.height else round_policy

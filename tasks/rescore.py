@@ -22,9 +22,9 @@ import polars as pl
 from prefect import task
 
 from models.backend import Sampling
-from models.checkpoints import versions
 from models.config import ModelConfig
 from models.registry import load_model
+from storage.checkpoints import newest_checkpoint
 from storage.query import scan
 from storage.rounds import prompts as prompt_table
 from storage.rounds import this_round
@@ -40,14 +40,6 @@ from tasks.sampling import RolloutConfig, rollout_table
 from tasks.score import UtilityConfig
 
 RESCORE_SEED_OFFSET = 500_000  # rescore samples apart from every round's seeds (seed * 1000 + round)
-
-
-def newest_checkpoint(store: Store, run_id: str, base: str) -> tuple[int, str]:
-    known = versions(store, run_id)
-    if known.height == 0:
-        return 0, base
-    last = known.row(-1, named=True)
-    return int(last["policy_version"]), last["path"]
 
 
 def rescore(store: Store, run_id: str, model: ModelConfig, cfg: RolloutConfig, reward: RewardConfig,

@@ -72,7 +72,7 @@ def shape_task(ctx: RoundContext, store: Store, cfg: ShapeConfig, rollout_cfg: R
     teacher_* options) that writes traces for prompts without a reference solution; a prompt it cannot answer
     is skipped (counted as teacher_unavailable), and the stage goes on."""
     from models.registry import load_teacher
-    from tasks.refine import ask_teacher, teacher_cache
+    from tasks.strategies.teacher_calls import ask_teacher, teacher_cache
 
     run_id, round = ctx.run_id, ctx.round
     cands = shaping_candidates(store, run_id, round, cfg.max_traces)
@@ -92,7 +92,8 @@ def shape_task(ctx: RoundContext, store: Store, cfg: ShapeConfig, rollout_cfg: R
             keys[r["prompt_id"]] = digest(f"{name}\x1fsolution\x1f{text}", KEY_HEX)
             payloads[keys[r["prompt_id"]]] = text  # two prompts with one question and answer share a call
         cache = teacher_cache(store)
-        fresh, failed = ask_teacher(store, teacher, payloads, cache, refine_cfg.teacher_max_new_tokens)
+        fresh, failed = ask_teacher(store, teacher, payloads, cache, refine_cfg.teacher_max_new_tokens,
+                                    refine_cfg.teacher_temperature)
         calls = len(fresh)
         unavailable = sum(keys[r["prompt_id"]] in failed for r in need)  # prompts, not calls: some share a call
         for r in need:

@@ -169,7 +169,7 @@ def test_a_rescued_original_moves_to_reserve_and_enters_the_ladder(store):
     groups = {"rescued": _group([0.0] * 4, replaced=3), "mixed": _group([1, 0, 0, 1])}
     _land_round(store, [_prompt(p) for p in groups], groups)
     score_task.fn(round_ctx(store, RUN, 0), UtilityConfig())
-    refine(store, RUN, 0, RefineConfig(strategies=["ladder"]), None)
+    refine(round_ctx(store, RUN, 0), store, RefineConfig(strategies=["ladder"]), None)
     pool_task.fn(round_ctx(store, RUN, 1), PoolConfig())
     made = sql(store, "SELECT r.parent_id, p.transform FROM refinements r JOIN prompts p ON p.prompt_id = r.child_id "
                       "WHERE r.accepted").to_pylist()
@@ -193,7 +193,7 @@ def test_promotion_is_not_fed_by_rescues(store):
     groups = {"mcq4_rescued": _group([0.0] * 4, replaced=3), "mcq4_solved": _group([1, 1, 1, 0])}
     _land_round(store, prompts, groups)
     score_task.fn(round_ctx(store, RUN, 0), UtilityConfig())
-    refine(store, RUN, 0, RefineConfig(strategies=["ladder"]), None)
+    refine(round_ctx(store, RUN, 0), store, RefineConfig(strategies=["ladder"]), None)
     promoted = sql(store, "SELECT parent_id FROM refinements WHERE strategy = 'promote'").column("parent_id")
     assert promoted.to_pylist() == ["mcq4_solved"]
 

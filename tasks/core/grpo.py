@@ -24,7 +24,7 @@ from pydantic import Field
 
 from models.backend import logprob_temperature
 from models.config import Section
-from models.hf import autocast as _autocast
+from models.hf import autocast
 from tasks.core.lope import RATIO_FLOOR
 
 # k3 is unbounded where the policy has pushed a token far below the reference (exp(ref - logp)); one such
@@ -108,7 +108,7 @@ def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], comple
         pos[r, : len(c)] = torch.arange(len(p) - 1, len(p) + len(c) - 1)
         tgt[r, : len(c)] = torch.tensor(c)
         mask[r, : len(c)] = 1
-    with _autocast(device, dtype):
+    with autocast(device, dtype):
         hidden = decoder(input_ids=ids.to(device), attention_mask=attn.to(device)).last_hidden_state
     h = hidden.gather(1, pos.to(device)[..., None].expand(-1, -1, hidden.shape[-1]))
     logits = head(h.to(head.weight.dtype)).float()

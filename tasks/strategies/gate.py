@@ -52,7 +52,8 @@ from dataclasses import dataclass
 from functools import cache
 
 from models.backend import Backend
-from tasks.core.rewards import exact_match, math_equiv
+from tasks.core.answers import exact_match
+from tasks.core.math_verify_worker import math_equiv
 from tasks.strategies.numbers import leak_count, missing_quantities, quantities
 
 UNAVAILABLE, EMPTY_ANSWER = "teacher unavailable", "empty answer"

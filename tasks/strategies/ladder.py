@@ -25,8 +25,9 @@ import random
 import re
 from functools import partial
 
+from tasks.core.answers import exact_match
 from tasks.core.ids import seed_of
-from tasks.core.rewards import LETTERS, exact_match
+from tasks.core.rewards import LETTERS
 from tasks.strategies.base import (
     PROMOTE,
     Answer,
