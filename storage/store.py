@@ -120,7 +120,7 @@ class Store:
         else:
             import hashlib
 
-            digest = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
+            digest = hashlib.sha256(self.uri.encode()).hexdigest()[:16]  # tasks.core.ids.ID_HEX (storage imports no task)
             folder = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"), "refinery", "locks", digest)
         folder.mkdir(parents=True, exist_ok=True)
         with FileLock(str(folder / f"{name}.lock"), timeout=timeout):

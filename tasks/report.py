@@ -20,6 +20,7 @@ from typing import Any
 from prefect import task
 
 from storage.store import Store
+from tasks.core.ids import TAG_HEX, digest
 from tasks.report_page import MARKER, report_dir, run_frames, write_report
 from tasks.report_plots import BUCKETS, PLOTS, score_summary, train_summary
 from tasks.reporting import in_prefect_run, sig4, timed
@@ -45,10 +46,9 @@ def slug(text: str) -> str:
     >>> slug("run-20261130-0412"), slug("E2E_run.v2"), slug("e2e-run-v2")
     ('run-20261130-0412', 'e2e-run-v2-8ed7d0', 'e2e-run-v2')
     """
-    import hashlib
 
     key = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "run"
-    return key if key == text else f"{key}-{hashlib.sha256(text.encode()).hexdigest()[:6]}"
+    return key if key == text else f"{key}-{digest(text, TAG_HEX)}"
 
 
 def round_table(store: Store, run_id: str, round: int) -> list[dict]:
