@@ -9,6 +9,11 @@ compute it (T = 0, greedy, means 1: models.backend.logprob_temperature). `train_
 keyword, so no caller trains at T = 1 on samples drawn at 0.7 by default. The SFT term on shaped traces stays
 at T = 1: it is plain maximum likelihood of traces that MCMC made likely under pi_ref at T = 1, not a
 ratio against a sampling distribution.
+
+Shared prefix (TrainConfig.shared_prefix, on by default): every forward pass (the old and reference log-probs,
+the training forward and backward, the SFT term) runs each distinct prompt once and its completions over its
+KV cache (tasks/core/prefix.py), which equals the unshared forward over prompt + completion to float
+tolerance; micro-batches then count a prompt once plus its completions.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from models.backend import logprob_temperature
 from models.config import Section
 from models.hf import autocast
 from tasks.core.lope import RATIO_FLOOR
+from tasks.core.prefix import shared_completion_logprobs, shared_micro_batches
 
 # k3 is unbounded where the policy has pushed a token far below the reference (exp(ref - logp)); one such
 # token gave a step KL of 127 and a gradient norm of 1607 in a real run. verl's "low_var_kl" clamps it at 10
@@ -50,7 +56,14 @@ class TrainConfig(Section):
     micro_batch: int = Field(8, ge=1, le=4096, description="sequences per forward/backward (gradient "
                              "accumulation fills the step)")
     micro_tokens: int = Field(1024, ge=16, le=10_000_000, description="padded tokens per forward/backward at "
-                              "most (bounds activation memory; a longer single sequence goes alone)")
+                              "most, a prompt its rows share counted once (bounds activation memory; a longer "
+                              "single sequence goes alone)")
+    shared_prefix: bool = Field(True, description="run each distinct prompt of a forward pass once and let its "
+                                "completions attend to its KV cache (tasks/core/prefix.py; same loss and gradients "
+                                "to float tolerance); false: every row runs prompt + completion")
+    group_steps: bool = Field(False, description="keep a prompt's rows together in one optimizer step "
+                              "(prompt-level mini-batches, as verl's), so the training forward runs each prompt "
+                              "once per group; false: rows are shuffled across steps, splitting groups")
     max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="gradient clipping by global norm")
     lora_rank: int = Field(16, ge=1, le=1024, description="lora mode: rank of the adapters")
     lora_alpha: int = Field(32, ge=1, le=4096, description="lora mode: adapter scale (alpha / rank)")
@@ -169,13 +182,21 @@ def micro_batches(lengths: list[int], max_rows: int, max_tokens: int) -> list[li
     return out
 
 
+def _passes(prompts: list[list[int]], comps: list[list[int]], micro: int, max_tokens: int, shared: bool):
+    """Forward passes over the rows, and the log-prob function that runs one (shared-prefix or not)."""
+    if shared:
+        return shared_micro_batches(prompts, [len(c) for c in comps], micro, max_tokens), shared_completion_logprobs
+    return micro_batches([len(p) + len(c) for p, c in zip(prompts, comps)], micro, max_tokens), completion_logprobs
+
+
 @torch.no_grad()
 def _logprobs(model: torch.nn.Module, prompts, comps, pad_id, device, dtype, micro: int, max_tokens: int,
-              temperature: float) -> list[torch.Tensor]:
+              temperature: float, shared: bool) -> list[torch.Tensor]:
     out: list[torch.Tensor | None] = [None] * len(prompts)
-    for idx in micro_batches([len(p) + len(c) for p, c in zip(prompts, comps)], micro, max_tokens):
-        lp, mask, _ = completion_logprobs(model, [prompts[i] for i in idx], [comps[i] for i in idx], pad_id, device,
-                                          dtype, temperature=temperature)
+    passes, logprobs = _passes(prompts, comps, micro, max_tokens, shared)
+    for idx in passes:
+        lp, mask, _ = logprobs(model, [prompts[i] for i in idx], [comps[i] for i in idx], pad_id, device, dtype,
+                               temperature=temperature)
         for r, i in enumerate(idx):
             out[i] = lp[r, : int(mask[r].sum())].cpu()
     return out
@@ -196,12 +217,20 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | None, seqs:
     micro = cfg.micro_batch
     max_tokens = cfg.micro_tokens
     model.eval()
+    shared = cfg.shared_prefix
+    # old log-probs under the prompt each row was sampled with (a LoPE row's behaviour prompt, its own prefix)
     old = _logprobs(model, [s.behaviour_ids or s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
-                    pad_id, device, dtype, micro, max_tokens, temperature)
+                    pad_id, device, dtype, micro, max_tokens, temperature, shared)
     ref = (_logprobs(ref_model, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs], pad_id, device,
-                     dtype, micro, max_tokens, temperature) if ref_model is not None and cfg.kl_coef > 0 else None)
+                     dtype, micro, max_tokens, temperature, shared)
+           if ref_model is not None and cfg.kl_coef > 0 else None)
     order = list(range(len(seqs)))
     rng.shuffle(order)
+    if cfg.group_steps:  # prompts in the order of their first shuffled row; a prompt's rows next to each other
+        first: dict[tuple[int, ...], int] = {}
+        for k, i in enumerate(order):
+            first.setdefault(tuple(seqs[i].prompt_ids), k)
+        order.sort(key=lambda i: first[tuple(seqs[i].prompt_ids)])
     n_steps = max(1, -(-len(seqs) // cfg.rows_per_step))
     sft_order = list(range(len(sft))) if cfg.sft_weight > 0 else []
     rng.shuffle(sft_order)
@@ -216,13 +245,13 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | None, seqs:
         opt.zero_grad(set_to_none=True)
         tokens = sum(len(seqs[i].completion_ids) for i in chunk)
         sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "entropy": 0.0}
-        for part in micro_batches([len(seqs[i].prompt_ids) + len(seqs[i].completion_ids) for i in chunk], micro,
-                                  max_tokens):
+        passes, logprobs = _passes([seqs[i].prompt_ids for i in chunk], [seqs[i].completion_ids for i in chunk],
+                                   micro, max_tokens, shared)
+        for part in passes:
             idx = [chunk[j] for j in part]
             batch = [seqs[i] for i in idx]
-            logp, mask, ent = completion_logprobs(model, [s.prompt_ids for s in batch],
-                                                  [s.completion_ids for s in batch], pad_id, device, dtype, True,
-                                                  temperature)
+            logp, mask, ent = logprobs(model, [s.prompt_ids for s in batch], [s.completion_ids for s in batch],
+                                       pad_id, device, dtype, True, temperature)
             t = logp.shape[1]
             terms = grpo_token_terms(
                 logp, _pad([old[i] for i in idx], t, device), _pad([ref[i] for i in idx], t, device) if ref else None,
@@ -237,12 +266,13 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | None, seqs:
         if sft_chunk:
             sft_tokens = sum(len(sft[i].completion_ids) for i in sft_chunk)
             nll = 0.0
-            for part in micro_batches([len(sft[i].prompt_ids) + len(sft[i].completion_ids) for i in sft_chunk],
-                                      micro, max_tokens):
+            passes, logprobs = _passes([sft[i].prompt_ids for i in sft_chunk],
+                                       [sft[i].completion_ids for i in sft_chunk], micro, max_tokens, shared)
+            for part in passes:
                 batch = [sft[sft_chunk[j]] for j in part]
                 # T = 1 on purpose: maximum likelihood of the shaped traces (see the module docstring)
-                logp, mask, _ = completion_logprobs(model, [s.prompt_ids for s in batch],
-                                                    [s.completion_ids for s in batch], pad_id, device, dtype)
+                logp, mask, _ = logprobs(model, [s.prompt_ids for s in batch], [s.completion_ids for s in batch],
+                                         pad_id, device, dtype)
                 part = -(logp * mask).sum()
                 (cfg.sft_weight * part / sft_tokens).backward()
                 nll += float(part.detach())
