@@ -11,8 +11,8 @@ prompts and --completion-tokens of completion each, with alternating advantages.
 - ours, round: the whole `train_round`, including recomputing old log-probs and the reference forward
   (two extra forward passes the algorithm needs); reported, not targeted.
 Shared prefix (tasks/core/prefix.py): a second batch of --prefix-rows sequences in groups of --group-size
-(G = 8) with few-shot prompts like a default round's (solved demonstrations as earlier chat turns until the
-prompt reaches --prompt-tokens, about 250) and --prefix-completion-tokens (40) each; the whole `train_round`
+(G = 8) with few-shot prompts like a default round's (solved demonstrations as earlier chat turns, as many as
+fit in --prompt-tokens, 250) and --prefix-completion-tokens (40) each; the whole `train_round`
 (old and reference log-probs, forward/backward, AdamW) with `shared_prefix` true against false, at the
 default micro-batch limits. train_prefix_speedup = unshared time / shared time (target >= 2.5); the
 optimizer step alone is reported too.
@@ -61,7 +61,7 @@ def batch(tok, rows: int, comp_tokens: int) -> list[Sequence]:
 
 def fewshot_batch(tok, rows: int, group_size: int, prompt_tokens: int, comp_tokens: int) -> list[Sequence]:
     """rows // group_size groups of group_size rows: each group one few-shot prompt (solved demonstrations of
-    other pool questions as earlier turns, added until the prompt reaches prompt_tokens) and random completions."""
+    other pool questions as earlier turns, as many as fit in prompt_tokens, at least one) and random completions."""
     from flows.config import RunConfig
     from tasks.core.fewshot import ask
     from tasks.ingest import load_source
@@ -74,15 +74,17 @@ def fewshot_batch(tok, rows: int, group_size: int, prompt_tokens: int, comp_toke
     for k in range(rows // group_size):
         q = pool[k % len(pool)]
         msgs: list[dict] = []
+        ids: list[int] = []
         for d in (pool[(k + 1 + j) % len(pool)] for j in range(len(pool) - 1)):
-            text = tok.apply_chat_template([*msgs, ask(q.text, cfg.rollout.instruction)], tokenize=False,
+            demo = [ask(d.text, cfg.rollout.instruction),
+                    {"role": "assistant", "content": f"Let me work it out step by step. {d.text.splitlines()[0]} "
+                                                     f"The result is {d.answer}, so the answer is \\boxed{{{d.answer}}}."}]
+            text = tok.apply_chat_template([*msgs, *demo, ask(q.text, cfg.rollout.instruction)], tokenize=False,
                                            add_generation_prompt=True)
-            ids = tok(text, add_special_tokens=False)["input_ids"]
-            if len(ids) >= prompt_tokens:
+            longer = tok(text, add_special_tokens=False)["input_ids"]
+            if ids and len(longer) > prompt_tokens:
                 break
-            msgs += [ask(d.text, cfg.rollout.instruction),
-                     {"role": "assistant", "content": f"Let me work it out step by step. {d.text.splitlines()[0]} "
-                                                      f"The result is {d.answer}, so the answer is \\boxed{{{d.answer}}}."}]
+            msgs, ids = msgs + demo, longer
         for i in range(group_size):
             c = torch.randint(100, 20000, (comp_tokens,), generator=g).tolist()
             out.append(Sequence(list(ids), c, 1.0 if i % 2 else -1.0))
