@@ -6,7 +6,10 @@ batch to its longest prompt. Here
 - each prompt is prefilled once and its KV cache repeated for its n samples;
 - a row that emits end-of-sequence leaves the batch (its KV-cache row is dropped), so it stops costing,
   and waiting prompts are prefilled into the freed slots (continuous batching), so the batch stays full;
-- bf16 autocast where the device computes bf16 natively (dtype="auto"), or when asked ("bf16");
+- bf16 *weights* where the device computes bf16 natively (dtype="auto"), or when asked ("bf16"): autocast over
+  fp32 weights would cast every weight matrix again at every decode step; fp32 elsewhere. The choice is logged
+  once per backend. A model handed in (shared with a trainer or the scripted policy) keeps its own dtype, and
+  runs under bf16 autocast when bf16 is chosen;
 - `score` runs the decoder once and applies the 49k-wide output layer in chunks, so logits never
   materialise for a whole batch at once.
 Log-probs (models/backend.py): `generate` reports log_softmax(logits / T) of each sampled token at the
@@ -18,6 +21,7 @@ Sampling is reproducible for a fixed seed, inputs and batch size (one torch.Gene
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 
 import torch
@@ -25,6 +29,8 @@ import torch.nn.functional as F
 
 from models.backend import Completion, Sampling, logprob_temperature
 from models.decoding import M32, DecodeBatch, cache_kwarg, sample_keyed
+
+log = logging.getLogger("refinery.models")
 
 
 def native_bf16(device: str) -> bool:
@@ -59,8 +65,13 @@ class TransformersBackend:
         self.device, self.dtype, self.batch_size = device, dtype, batch_size
         self.score_chunk_tokens = score_chunk_tokens
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
-        self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
+        self.bf16 = dtype == "bf16" or (dtype == "auto" and native_bf16(device))
+        weights = torch.bfloat16 if self.bf16 else torch.float32
+        self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=weights).to(device)
         self.model.eval()
+        log.info("transformers backend %s on %s: %s weights (%s)", model_path, device,
+                 str(next(self.model.parameters()).dtype).removeprefix("torch."),
+                 "native bf16" if self.bf16 and native_bf16(device) else "bf16 asked" if self.bf16 else "fp32")
         self.eos_ids = self._eos_ids()
         self.cache_kwarg = cache_kwarg(self.model)  # `cache` or `past_key_values`, by transformers version
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]

@@ -90,7 +90,7 @@ def policy_vectors(texts: list[str], backend: Backend, batch: int = 32):
         enc = tok(texts[i : i + batch], padding=True, truncation=True, max_length=512, return_tensors="pt")
         enc = enc.to(device)
         with torch.no_grad():
-            vecs.append(mean_pool(decoder(**enc).last_hidden_state, enc["attention_mask"]))
+            vecs.append(mean_pool(decoder(**enc).last_hidden_state.float(), enc["attention_mask"]))
     return torch.cat(vecs)
 
 
