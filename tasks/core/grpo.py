@@ -24,14 +24,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from models.backend import logprob_temperature
 from models.config import Section
 from models.hf import autocast
 from tasks.core.lope import RATIO_FLOOR
-from tasks.core.prefix import shared_completion_logprobs, shared_micro_batches
+from tasks.core.prefix import shared_completion_logprobs, shared_micro_batches, token_logprobs
 
 # k3 is unbounded where the policy has pushed a token far below the reference (exp(ref - logp)); one such
 # token gave a step KL of 127 and a gradient norm of 1607 in a real run. verl's "low_var_kl" clamps it at 10
@@ -124,13 +123,7 @@ def completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], comple
     with autocast(device, dtype):
         hidden = decoder(input_ids=ids.to(device), attention_mask=attn.to(device)).last_hidden_state
     h = hidden.gather(1, pos.to(device)[..., None].expand(-1, -1, hidden.shape[-1]))
-    logits = head(h.to(head.weight.dtype)).float()
-    logp_all = F.log_softmax(logits / temperature, -1)
-    logp = logp_all.gather(2, tgt.to(device)[..., None])[..., 0]
-    ent = None
-    if entropy:
-        with torch.no_grad():
-            ent = -(logp_all.exp() * logp_all).sum(-1)
+    logp, ent = token_logprobs(head, h, tgt, temperature, entropy)
     return logp, mask.to(device), ent
 
 

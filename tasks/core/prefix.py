@@ -122,11 +122,18 @@ def shared_completion_logprobs(model: torch.nn.Module, prompts: list[list[int]],
                          use_cache=True, **{key: cache}).last_hidden_state
     last = pre[torch.arange(len(groups), device=pre.device), (lens - 1).to(pre.device)][row_group.to(pre.device)]
     h = torch.cat([last[:, None], hidden[:, :-1]], dim=1)  # the states that predict completion tokens 0 .. T-1
-    logits = head(h.to(head.weight.dtype)).float()
-    logp_all = F.log_softmax(logits / temperature, -1)
-    logp = logp_all.gather(2, ids.to(device)[..., None])[..., 0]
+    logp, ent = token_logprobs(head, h, ids, temperature, entropy)
+    return logp, mask.to(device), ent
+
+
+def token_logprobs(head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log_softmax(head(h) / temperature) at `targets` ([B, T] from [B, T, d] states; the output layer in its own
+    dtype, the softmax in fp32), and, with `entropy`, each position's entropy of that distribution (no grad)."""
+    logp_all = F.log_softmax(head(h.to(head.weight.dtype)).float() / temperature, -1)
+    logp = logp_all.gather(2, targets.to(h.device)[..., None])[..., 0]
     ent = None
     if entropy:
         with torch.no_grad():
             ent = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, mask.to(device), ent
+    return logp, ent
