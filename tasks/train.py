@@ -12,7 +12,7 @@
   behaviour prompt, the entropy) is log_softmax(logits / T) at the rollouts' temperature `rollout.temperature`
   (T = 0 means 1), as verl and TRL compute it; the SFT term on shaped traces is plain likelihood at T = 1.
 - KL to the frozen starting model (policy version 0), k3 estimator exp(ref - logp) - (ref - logp) - 1,
-  clamped at 10 per token as verl does, coefficient `kl_coef` (0 switches it off and skips the reference forward).
+  clamped at `train.kl_clamp` (10) per token as verl does, coefficient `kl_coef` (0 switches it off and skips the reference forward).
 - L = L_grpo + lambda_sft * NLL(shaped traces), the NLL averaged over the traces' tokens.
 - Full fine-tune or LoRA (peft; merged into a plain checkpoint on save), fp32 or bf16 autocast, gradient
   accumulation over micro-batches, gradient-norm clipping, AdamW. One pass over the round's data.
@@ -109,12 +109,11 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
                                                      add_generation_prompt=True)
             comp = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_id]
             sft.append(Sequence(tokenizer(rendered, add_special_tokens=False)["input_ids"], comp))
-    ref_model = None
-    if cfg.kl_coef > 0 and seqs:
+
+    def load_reference() -> torch.nn.Module:  # version 0, loaded for the one reference pass and then released
         from transformers import AutoModelForCausalLM
 
-        ref_model = AutoModelForCausalLM.from_pretrained(resolve(base), dtype=torch.float32).to(device).eval()
-        ref_model.requires_grad_(False)
+        return AutoModelForCausalLM.from_pretrained(resolve(base), dtype=torch.float32).to(device).eval()
     n_steps = max(1, -(-len(seqs) // cfg.rows_per_step)) if (seqs or sft) else 0
     t0 = time.perf_counter()
     with progress_reporter(f"round {round}: training", n_steps) as advance:
@@ -122,7 +121,7 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
             advance(1)
             fault_point("train:mid")  # test hook: a fault test kills the process here, mid-training
 
-        steps = train_round(model, ref_model, seqs, sft, cfg, pad_id, device, ctx.model.dtype,
+        steps = train_round(model, load_reference, seqs, sft, cfg, pad_id, device, ctx.model.dtype,
                             seed=round_seed(cfg.seed, round), on_step=on_step, temperature=rollout_cfg.temperature)
     seconds = time.perf_counter() - t0
     version = policy_version + 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -195,13 +196,16 @@ def _logprobs(model: torch.nn.Module, prompts, comps, pad_id, device, dtype, mic
     return out
 
 
-def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | None, seqs: list[Sequence],
+def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[], torch.nn.Module] | None,
+                seqs: list[Sequence],
                 sft: list[Sequence], cfg: TrainConfig, pad_id: int,
                 device: str = "cpu", dtype: str = "fp32", seed: int = 0, on_step=None, *,
                 temperature: float) -> list[dict]:
     """One pass of GRPO (+ SFT) over `seqs` (and `sft`), `cfg.rows_per_step` sequences per optimizer step.
     `temperature` is the one `seqs` were sampled at: the ratio, KL, LoPE ratio and entropy use
-    log_softmax(logits / temperature). Returns a stats row per step. The model is updated in place."""
+    log_softmax(logits / temperature). Returns a stats row per step. The model is updated in place.
+    `ref_model` (the KL reference) may be a loader: it is then loaded only when the KL term is on, used for the
+    one reference pass before the first step, and released before the optimizer state exists."""
     logprob_temperature(temperature)  # a bad temperature fails here, before any forward pass
     if not seqs and not (sft and cfg.sft_weight > 0):
         return []
@@ -214,9 +218,12 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | None, seqs:
     # old log-probs under the prompt each row was sampled with (a LoPE row's behaviour prompt, its own prefix)
     old = _logprobs(model, [s.behaviour_ids or s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
                     pad_id, device, dtype, micro, max_tokens, temperature, shared)
-    ref = (_logprobs(ref_model, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs], pad_id, device,
-                     dtype, micro, max_tokens, temperature, shared)
-           if ref_model is not None and cfg.kl_coef > 0 else None)
+    ref = None
+    if ref_model is not None and cfg.kl_coef > 0 and seqs:
+        reference = ref_model() if callable(ref_model) and not isinstance(ref_model, torch.nn.Module) else ref_model
+        ref = _logprobs(reference, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs], pad_id, device,
+                        dtype, micro, max_tokens, temperature, shared)
+        del reference  # a loaded reference is freed here: it is not needed once its log-probs exist
     order = list(range(len(seqs)))
     rng.shuffle(order)
     if cfg.group_steps:  # prompts in the order of their first shuffled row; a prompt's rows next to each other
