@@ -29,7 +29,7 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
     from storage.checkpoints import checkpoint_versions
     from storage.runs import stored_config
     from tasks.evaluate import evaluate_versions
-    from tasks.stage import RoundContext
+    from tasks.stage import RoundContext, skipped
 
     s = Store(store or default_root())
     run_id = run_id or latest_run(s)
@@ -49,7 +49,7 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
     r = row.row(0, named=True)
     stage = f"eval-v{checkpoint}"
     if s.landed(run_id, r["round"], stage):
-        out = {"stage": stage, "round": r["round"], "skipped": "already landed"}
+        out = skipped(stage, r["round"])
     else:
         ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,
                            base=config.model.policy, rounds=config.rounds, model=config.model)

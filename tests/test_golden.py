@@ -10,7 +10,7 @@ import shutil
 import polars as pl
 import pytest
 from conftest import ROOT
-from golden import RUNS, answers, frames_match, table_rows, tables
+from golden import RUNS, answers, frames_match, row_digest, table_rows, tables
 
 from flows.config import load_config
 from storage.store import Store
@@ -28,6 +28,7 @@ def test_the_seeded_run_writes_the_golden_rows(prefect_api, tmp_path, monkeypatc
     store = Store(tmp_path / "store")
     curriculum(load_config(sets=spec["sets"], run_id=name, store=store.root, rounds=spec["rounds"]))
     golden = Store(GOLDEN / name)
+    assert row_digest(golden) == MANIFEST["runs"][name]["digest"], "the golden store differs from what MANIFEST records"
     assert tables(store) == tables(golden)
     for t in tables(golden):
         assert frames_match(table_rows(golden, t), table_rows(store, t)) is None, \
