@@ -54,6 +54,13 @@ def autocast(device: str, dtype: str):
     return contextlib.nullcontext()
 
 
+def no_autocast(device: str):
+    """Autocast off inside a caller's autocast context, without ending it: leaving this context does not clear
+    the outer context's cast cache (torch clears it only when the outermost autocast context exits), so weights
+    cast once stay cast across micro-batches while a loss, an output layer or a backward runs in full precision."""
+    return torch.autocast(device_type=device.split(":")[0], enabled=False)
+
+
 class TransformersBackend:
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
                  score_chunk_tokens: int = 1024, model=None, tokenizer=None):

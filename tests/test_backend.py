@@ -112,7 +112,7 @@ def test_generated_logprobs_describe_the_sampling_distribution(tiny_backend, tem
     sampled tokens: the distribution they were drawn from, before top-p truncation (as the trainer recomputes
     it), and the unmodified model's at T = 0 (greedy). They agree with the trainer's own log-probs at the same
     T (tasks.core.grpo.completion_logprobs) and with `score_ids(temperature=T)`."""
-    from tasks.core.grpo import completion_logprobs
+    from tasks.core.passes import completion_logprobs
 
     b = tiny_backend
     prompts = _render(b, PROMPTS)
@@ -160,8 +160,8 @@ def test_lope_behaviour_logprob_is_the_trainers_at_the_sampling_temperature(tiny
     temperature, so the behaviour ratio's two sides describe the same distribution."""
     import json
 
-    from tasks.core.grpo import completion_logprobs
     from tasks.core.lope import lope_rescue
+    from tasks.core.passes import completion_logprobs
 
     b = tiny_backend
     messages = [[{"role": "user", "content": "What is 7 * 8?"}]]

@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from tasks.core.grpo import Sequence, TrainConfig, completion_logprobs, group_advantages, train_round
+from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round
+from tasks.core.passes import completion_logprobs
 from tasks.core.prefix import prompt_groups, shared_completion_logprobs, shared_micro_batches
 
 CFG = TrainConfig(lr=1e-6, weight_decay=0.0, kl_coef=0.05, sft_weight=0.5, rows_per_step=64, micro_batch=32,
@@ -118,15 +119,17 @@ def test_the_shared_pass_runs_each_prompt_once(tiny_backend):
             n_plain = sum(seen)
     finally:
         hook.remove()
-    longest_prompt = max(len(p) for p in prompts)
-    assert n_shared == 4 * longest_prompt + len(seqs) * max(len(c) for c in comps)
+    groups = prompt_groups(prompts)
+    widest = max(len(prompts[g[0]]) + sum(len(comps[i]) for i in g) for g in groups)
+    assert n_shared == len(groups) * widest  # one packed sequence per distinct prompt
     assert n_plain == len(seqs) * max(len(p) + len(c) for p, c in zip(prompts, comps))
-    assert n_shared < 0.7 * n_plain  # 393 vs 603 token positions here
+    assert n_shared < 0.55 * n_plain  # 300 vs 603 token positions here
 
 
 def test_shared_micro_batches_bound_rows_and_tokens():
     """Every row lands in exactly one pass; a pass holds at most max_rows completions and costs at most
-    max_tokens padded tokens, counting each distinct prompt once (a single longer row goes alone)."""
+    max_tokens tokens, its packed sequences (a prompt and its completions) times the longest (a single longer
+    row goes alone)."""
     import random
 
     rng = random.Random(0)
@@ -136,8 +139,10 @@ def test_shared_micro_batches_bound_rows_and_tokens():
         passes = shared_micro_batches(prompts, lengths, max_rows, max_tokens)
         assert sorted(i for p in passes for i in p) == list(range(len(prompts)))
         for p in passes:
-            distinct = {tuple(prompts[i]) for i in p}
-            cost = len(distinct) * max(len(prompts[i]) for i in p) + len(p) * max(lengths[i] for i in p)
+            packed: dict[tuple[int, ...], int] = {}
+            for i in p:
+                packed[tuple(prompts[i])] = packed.get(tuple(prompts[i]), len(prompts[i])) + lengths[i]
+            cost = len(packed) * max(packed.values())
             assert len(p) <= max_rows and (cost <= max_tokens or len(p) == 1), (max_rows, max_tokens, p)
     # the groups of G = 8 with 250-token prompts and 40-token completions: one prompt per pass at the defaults
     passes = shared_micro_batches([[g] * 250 for g in range(4) for _ in range(8)], [40] * 32, 8, 1024)
@@ -148,7 +153,7 @@ def test_shared_micro_batches_bound_rows_and_tokens():
 def test_group_steps_keep_a_prompts_rows_in_one_step(tiny_backend, monkeypatch):
     """With group_steps, the rows of a prompt train in one optimizer step, so each training forward sees whole
     groups; without it the shuffle spreads a group's rows over the steps."""
-    import tasks.core.grpo as grpo
+    import tasks.core.passes as passes
 
     b = tiny_backend
     seqs = _batch(b)[0][:8]  # the two groups of 4
@@ -159,7 +164,7 @@ def test_group_steps_keep_a_prompts_rows_in_one_step(tiny_backend, monkeypatch):
             prompts_per_pass.append(len(prompt_groups(prompts)))
         return shared_completion_logprobs(model, prompts, completions, pad_id, device, dtype, entropy, temperature)
 
-    monkeypatch.setattr(grpo, "shared_completion_logprobs", recording)
+    monkeypatch.setattr(passes, "shared_completion_logprobs", recording)
     for group_steps in (True, False):
         prompts_per_pass.clear()
         cfg = CFG.model_copy(update={"rows_per_step": 4, "sft_weight": 0.0, "group_steps": group_steps})

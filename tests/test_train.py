@@ -226,7 +226,7 @@ def _direct_entropy(model, prompt: list[int], completion: list[int], temperature
 def test_completion_logprobs_divide_the_logits_by_the_sampling_temperature(tiny_backend):
     """The trainer's per-token log-probs at T = 0.7 equal log_softmax(logits / 0.7) gathered, from a plain full
     forward pass; at T = 0 (greedy) they are defined as the unmodified model's (T = 1), never a division by 0."""
-    from tasks.core.grpo import completion_logprobs
+    from tasks.core.passes import completion_logprobs
 
     b = tiny_backend
     prompts = b.encode([b.render([{"role": "user", "content": q}]) for q in ("What is 2 + 3?", "Hi")])
