@@ -75,6 +75,23 @@ def naive(model, tok, prompts: list[str], n: int, s: Sampling, batch: int, force
     return useful
 
 
+def forced_rate(policy: str, prompts: list[str], n: int, max_new_tokens: int, dtype: str = "auto",
+                batch: int = 32) -> float:
+    """Tokens/s of `model.generate` with the length forced to max_new_tokens (no early stop), bf16 weights where
+    `dtype` picks them (as the sampler does): the decode ceiling benchmarks/round.py holds collect against."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    bf16 = dtype == "bf16" or (dtype == "auto" and native_bf16("cpu"))
+    model = AutoModelForCausalLM.from_pretrained(resolve(policy), dtype=torch.bfloat16 if bf16 else torch.float32)
+    tok = AutoTokenizer.from_pretrained(resolve(policy))
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    s = Sampling(temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens, seed=0)
+    seconds, tokens = timed(lambda: naive(model.eval(), tok, prompts, n, s, batch, forced=True), 1)
+    return tokens / seconds
+
+
 def timed(fn, repeats: int) -> tuple[float, int]:
     times, toks = [], 0
     for _ in range(repeats):

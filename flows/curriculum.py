@@ -41,11 +41,12 @@ from tasks.train import train_task
 # Fields (dotted paths) a resumed run may change: none changes what already landed or makes it wrong. The
 # teacher and how it is reached (timeouts, retries, concurrency) only decide how later stages ask it, and
 # teacher answers are keyed by the teacher's name, so a new teacher never reuses the old one's answers;
-# model.batch_size only decides how many sequences decode together, and train.shared_prefix only how the same
-# loss is computed (equal to float tolerance). A change is recorded on the resumed row.
+# model.batch_size only decides how many sequences decode together, and train.shared_prefix, micro_batch and
+# micro_tokens only how the same loss is computed and split into passes (equal to float tolerance). A change is
+# recorded on the resumed row.
 _RESUMABLE = {"rounds", "run_id", "store", "model.batch_size", "refine.teacher", "refine.teacher_timeout_s",
               "refine.teacher_retries", "refine.teacher_backoff_s", "refine.teacher_concurrency",
-              "train.shared_prefix"}
+              "train.shared_prefix", "train.micro_batch", "train.micro_tokens"}
 _UNRECORDED = {"run_id", "store"}  # where the run lives, not how it runs
 
 

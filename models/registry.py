@@ -176,10 +176,10 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
 def release_backends() -> None:
     """Drop every cached backend (the train stage frees their memory before it builds optimizer state; the
     next round loads the new checkpoint anyway)."""
-    import gc
+    from models.memory import release_memory
 
     _LOADED.clear()
-    gc.collect()
+    release_memory()
 
 
 def load_teacher(spec: str, model_cfg, options=None):

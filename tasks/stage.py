@@ -30,6 +30,7 @@ from prefect import task
 from pydantic import BaseModel, ConfigDict, Field
 
 from models.config import ModelConfig
+from models.memory import release_memory
 from storage.rounds import this_round
 from storage.store import Store
 from tasks.reporting import timed
@@ -72,7 +73,10 @@ def stage(name: str, **task_options: Any) -> Callable[[Callable[..., dict]], Any
             store = Store(ctx.store)
             if store.landed(ctx.run_id, ctx.round, name):
                 return skipped(name, ctx.round)
-            return {"stage": name, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
+            try:
+                return {"stage": name, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
+            finally:
+                release_memory()  # what the stage freed goes back to the OS before the next stage's peak
 
         # Prefect binds a call's arguments to the task's signature: the stage's own, without `store`
         params = list(inspect.signature(fn).parameters.values())

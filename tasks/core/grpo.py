@@ -30,6 +30,7 @@ from pydantic import Field
 from models.backend import logprob_temperature
 from models.config import Section
 from models.hf import autocast, no_autocast
+from models.memory import release_memory
 from tasks.core.lope import RATIO_FLOOR
 from tasks.core.passes import batched_logprobs, forward_passes, pad_rows
 
@@ -55,7 +56,7 @@ class TrainConfig(Section):
     rows_per_step: int = Field(64, ge=1, le=1_000_000, description="sequences per optimizer step")
     micro_batch: int = Field(64, ge=1, le=4096, description="sequences per forward/backward at most (gradient "
                              "accumulation fills the step); micro_tokens is the bound that usually binds")
-    micro_tokens: int = Field(1024, ge=16, le=10_000_000, description="padded tokens per forward/backward at "
+    micro_tokens: int = Field(512, ge=16, le=10_000_000, description="padded tokens per forward/backward at "
                               "most, a prompt its rows share counted once (bounds activation memory; a longer "
                               "single sequence goes alone)")
     shared_prefix: bool = Field(True, description="run each distinct prompt of a forward pass once and let its "
@@ -174,7 +175,7 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
         t0 = time.perf_counter()
         chunk = order[step * cfg.rows_per_step : (step + 1) * cfg.rows_per_step]
         sft_chunk = sft_order[step::n_steps]
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=False)  # gradient buffers allocated once, reused every step
         tokens = sum(len(seqs[i].completion_ids) for i in chunk)
         sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "entropy": 0.0}
         passes, logprobs = forward_passes([seqs[i].prompt_ids for i in chunk], [seqs[i].completion_ids for i in chunk],
@@ -215,6 +216,7 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                 sft_loss = nll / sft_tokens
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
         opt.step()
+        release_memory()  # the step's freed activations back to the OS: the next step's peak does not stack
         denom = max(tokens, 1)
         pg_loss = sums["pg"] / denom if tokens else 0.0
         loss = sums["loss"] / denom + (cfg.sft_weight * sft_loss if sft_loss is not None else 0.0)
