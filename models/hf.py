@@ -10,6 +10,12 @@ batch to its longest prompt. Here
   fp32 weights would cast every weight matrix again at every decode step; fp32 elsewhere. The choice is logged
   once per backend. A model handed in (shared with a trainer or the scripted policy) keeps its own dtype, and
   runs under bf16 autocast when bf16 is chosen;
+- grouped-query attention without repeating K and V: SmolLM2 has 9 query heads over 3 KV heads, and with an
+  attention mask (every batched call here has one) transformers' SDPA path repeats K and V to 9 heads, a copy
+  of the whole KV cache at every decode step. On CPU, torch's SDPA takes the mask with `enable_gqa`, so
+  `sdpa_native_gqa` tells transformers to pass it (its TRANSFORMERS_SDPA_FORCE_GQA switch; on CUDA a mask
+  with GQA falls back to the math kernel, so it stays off there). Same results to bf16 rounding (sampled-token
+  log-probs against an fp32 forward: median error 0.009 either way); decode ~1.5x faster on 2 cores;
 - `score` runs the decoder once and applies the 49k-wide output layer in chunks, so logits never
   materialise for a whole batch at once.
 Log-probs (models/backend.py): `generate` reports log_softmax(logits / T) of each sampled token at the
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -44,6 +51,15 @@ def native_bf16(device: str) -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def sdpa_native_gqa(device: str) -> None:
+    """On CPU, let transformers' SDPA attention hand grouped-query K/V to torch with `enable_gqa` even under an
+    attention mask, instead of repeating them per query head (see the module docstring). Process-wide, set
+    once; an explicit TRANSFORMERS_SDPA_FORCE_GQA in the environment wins."""
+    if device.split(":")[0] == "cpu" and "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ:
+        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
+        log.info("SDPA: grouped-query attention without repeating K/V on cpu")
 
 
 def autocast(device: str, dtype: str):
@@ -73,6 +89,7 @@ class TransformersBackend:
         self.score_chunk_tokens = score_chunk_tokens
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         self.bf16 = dtype == "bf16" or (dtype == "auto" and native_bf16(device))
+        sdpa_native_gqa(device)
         weights = torch.bfloat16 if self.bf16 else torch.float32
         self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=weights).to(device)
         self.model.eval()

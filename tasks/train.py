@@ -71,6 +71,10 @@ def rollout_sequences(rollouts: pl.DataFrame, tokenizer, eos_id: int, scale_std:
 def load_trainable(path: str, cfg: TrainConfig, device: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from models.hf import sdpa_native_gqa
+
+    sdpa_native_gqa(device)
+
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if cfg.mode == "lora":

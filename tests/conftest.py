@@ -9,6 +9,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two pytest workers on two cores: one compute thread each (and in the processes they
+    # start), or torch's two threads per worker oversubscribe the cores and every tensor op slows many times
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
