@@ -355,7 +355,7 @@ def drive(summary: dict, url: str, store: Path, shots: Path, run_id: str, run_ti
                                                         args=CHROMIUM_FLAGS, viewport=VIEWPORT)
         try:
             page = browser.new_page()
-            page.set_default_timeout(30_000)
+            page.set_default_timeout(90_000)  # generous: under `make test` another worker loads both cores
             ui = UI(page, url, shots)
             summary["screenshots"] = ui.taken
             summary["step"] = "open the Deployments page"
@@ -389,7 +389,7 @@ def drive(summary: dict, url: str, store: Path, shots: Path, run_id: str, run_ti
             run_name = f"{run_id}-{int(time.time())}"  # a name no earlier run of this serve has
             page.locator(".flow-run-name-input input").fill(run_name)
             page.get_by_role("button", name="Submit").click()
-            page.wait_for_url(f"**/deployments/deployment/{deployment_id}*", timeout=30_000)  # back to its page
+            page.wait_for_url(f"**/deployments/deployment/{deployment_id}*")  # back to its page
             page.get_by_role("link", name=run_name, exact=True).first.wait_for()
             ui.shot("submitted")
             page.get_by_role("link", name=run_name, exact=True).first.click()  # the new run: open its page
