@@ -38,6 +38,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -199,20 +200,27 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="the tiny random model and a 12-prompt pool (a quick check)")
     p.add_argument("--no-bounds", action="store_true", help="skip the lower-bound measurements")
     p.add_argument("--json", default=None, metavar="PATH", help="write the figures as flat keys")
+    p.add_argument("--keep", action="store_true", help="keep the arms' stores (default: removed at the end)")
     a = p.parse_args()
     sets = [*(TINY if a.tiny else []), *a.set]
     last = a.rounds - 1
+    if a.baseline and subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                                      f"{a.baseline}^{{commit}}"], capture_output=True).returncode:
+        raise SystemExit(f"round.py: --baseline {a.baseline} is not a commit of {ROOT}")
     arms = {"current": run_arm(ROOT, sets, a.rounds, "current")}
     worktree = None
     if a.baseline:
         worktree = Path(tempfile.mkdtemp(prefix="refinery-baseline-")) / "tree"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), a.baseline],
-                       check=True, capture_output=True)
+        made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), a.baseline],
+                              capture_output=True, text=True)
+        if made.returncode:
+            raise SystemExit(f"round.py: no worktree of {a.baseline}: {made.stderr.strip().splitlines()[-1]}")
         try:
             arms["baseline"] = run_arm(worktree, sets, a.rounds, f"baseline {a.baseline}")
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
                            capture_output=True)
+            shutil.rmtree(worktree.parent, ignore_errors=True)
     out = figures(arms["current"], last)
     if not a.no_bounds:
         bare, tokens = bare_train_seconds(arms["current"]["store"], last, sets)
@@ -230,12 +238,15 @@ def main() -> int:
         for k, v in base.items():
             if k.endswith("_s") and v and out.get(k) is not None:
                 out[f"{k.removesuffix('_s')}_ratio_vs_baseline"] = out[k] / v
-        out["round_wall_ratio_vs_baseline"] = out["round_wall_s"] / base["round_wall_s"]
+        if out["round_wall_s"] and base["round_wall_s"]:
+            out["round_wall_ratio_vs_baseline"] = out["round_wall_s"] / base["round_wall_s"]
     stage_keys = sorted({k for k in out if k.endswith("_s") and not k.startswith("baseline_")} - {
         "round_wall_s", "flow_s", "train_bare_s", "collect_ceiling_s"})
     print(f"\nround {last}{' (of ' + str(a.rounds) + ')' if a.rounds > 1 else ''}: seconds per stage")
     print(f"{'':>16} {'current':>9}" + (f" {'baseline':>9} {'ratio':>6}" if "baseline" in arms else ""))
     for k in ["round_wall_s", *stage_keys]:
+        if out.get(k) is None:
+            continue
         line = f"{k:>16} {out[k]:>9.1f}"
         if "baseline" in arms and out.get(f"baseline_{k}"):
             line += f" {out[f'baseline_{k}']:>9.1f} {out[k] / out[f'baseline_{k}']:>6.2f}"
@@ -257,6 +268,11 @@ def main() -> int:
               f"{out['collect_ratio_vs_ceiling']:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1, sort_keys=True))
+    for arm in arms.values():
+        if a.keep:
+            print(f"kept store: {arm['store']}")
+        else:
+            shutil.rmtree(Path(arm["store"]).parent, ignore_errors=True)
     return 0
 
 

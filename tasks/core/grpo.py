@@ -59,8 +59,8 @@ class TrainConfig(Section):
     micro_tokens: int = Field(512, ge=16, le=10_000_000, description="padded tokens per forward/backward at "
                               "most, a prompt its rows share counted once (bounds activation memory; a longer "
                               "single sequence goes alone)")
-    shared_prefix: bool = Field(True, description="run each distinct prompt of a forward pass once and let its "
-                                "completions attend to its KV cache (tasks/core/prefix.py; same loss and gradients "
+    shared_prefix: bool = Field(True, description="run each distinct prompt of a forward pass once, packed with "
+                                "its completions (tasks/core/prefix.py; same loss and gradients "
                                 "to float tolerance); false: every row runs prompt + completion")
     group_steps: bool = Field(True, description="keep a prompt's rows together in one optimizer step "
                               "(prompt-level mini-batches, as verl's), so the training forward runs each prompt "
@@ -215,6 +215,7 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                     nll += float(part.detach())
                 sft_loss = nll / sft_tokens
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        torch.clear_autocast_cache()  # no bf16 copy of a weight outlives its update (a caller's autocast around us)
         opt.step()
         release_memory()  # the step's freed activations back to the OS: the next step's peak does not stack
         denom = max(tokens, 1)

@@ -125,7 +125,7 @@ def shared_completion_logprobs(model: torch.nn.Module, prompts: list[list[int]],
     attn = packed_attention_mask(allowed[:, None], decoder)
     with autocast(device, dtype):
         hidden = decoder(input_ids=ids.to(device), attention_mask=attn.to(device),
-                         position_ids=pos.to(device)).last_hidden_state
+                         position_ids=pos.to(device), use_cache=False).last_hidden_state
     real = mask.bool()
     h = hidden[src_seq[real].to(hidden.device), src_pos[real].to(hidden.device)]  # [tokens, d]: no padding
     flat_logp, flat_ent = token_logprobs(head, h[None], tgt[real][None], temperature, entropy)
