@@ -123,25 +123,30 @@ def figures(arm: dict, rnd: int) -> dict:
                if s["round"] == rnd and s["peak_rss_gib"] is not None}}
 
 
+def round_of(store: str, rnd: int, sets: list[str]):
+    """The arm's config and a RoundContext for its round `rnd` (the store's this-round filter, in one place)."""
+    from flows.config import load_config
+    from tasks.stage import RoundContext
+
+    cfg = load_config(sets=sets, run_id="round", store=store, rounds=rnd + 1)
+    return cfg, RoundContext(store=store, run_id="round", round=rnd, policy_version=0, base=cfg.model.policy,
+                             rounds=rnd + 1, model=cfg.model)
+
+
 def bare_train_seconds(store: str, rnd: int, sets: list[str]) -> tuple[float, int]:
     """Bare forward/backward + two no-grad forwards over the round's shared-prefix training tokens."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from flows.config import load_config
     from models.hf import autocast
     from models.registry import resolve
     from storage.store import Store
-    from tasks.stage import RoundContext
     from tasks.train import rollout_sequences
 
-    cfg = load_config(sets=sets, run_id="round", store=store, rounds=rnd + 1)
-    ctx = RoundContext(store=store, run_id="round", round=rnd, policy_version=0, base=cfg.model.policy,
-                       rounds=rnd + 1, model=cfg.model)
+    cfg, ctx = round_of(store, rnd, sets)
     rollouts = ctx.rows(Store(store), "rollouts").select(
         "prompt_id", "sample_idx", "prompt_text", "completion", "reward", "finish_reason", "augmentation").collect()
     model = AutoModelForCausalLM.from_pretrained(resolve(cfg.model.policy), dtype=torch.float32)
-    from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(resolve(cfg.model.policy))
     seqs, _, _ = rollout_sequences(rollouts, tok, tok.eos_token_id, True, cfg.rollout.max_new_tokens)
     prompts = {tuple(s.prompt_ids) for s in seqs}
@@ -165,25 +170,16 @@ def bare_train_seconds(store: str, rnd: int, sets: list[str]) -> tuple[float, in
 
 
 def collect_bound_seconds(store: str, rnd: int, sets: list[str]) -> tuple[float, int]:
-    """The round's generated tokens at `generate`'s forced-length rate on 8 of its prompts."""
+    """The round's generated tokens (kept and discarded) at `generate`'s forced-length rate on 8 of its prompts."""
     import importlib.util
 
-    import polars as pl
-
-    from flows.config import load_config
-    from storage.query import scan
     from storage.store import Store
 
-    cfg = load_config(sets=sets, run_id="round", store=store, rounds=rnd + 1)
+    cfg, ctx = round_of(store, rnd, sets)
     st = Store(store)
-    rows = scan(st, "rollouts").filter((pl.col("run_id") == "round") & (pl.col("round") == rnd)).collect()
-    generated = int(rows["n_tokens"].sum())
-    try:
-        gone = scan(st, "discarded_rollouts").filter(
-            (pl.col("run_id") == "round") & (pl.col("round") == rnd)).collect()
-        generated += int(gone["n_tokens"].sum())
-    except Exception:  # no discards in this round: the table may not exist
-        pass
+    rows = ctx.rows(st, "rollouts").select("prompt_text", "n_tokens").collect()
+    generated = int(rows["n_tokens"].sum()) + int(ctx.rows(st, "discarded_rollouts").select("n_tokens")
+                                                  .collect()["n_tokens"].sum())
     spec = importlib.util.spec_from_file_location("rollout_bench", ROOT / "benchmarks" / "rollout.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -225,7 +221,7 @@ def main() -> int:
     if not a.no_bounds:
         bare, tokens = bare_train_seconds(arms["current"]["store"], last, sets)
         out |= {"train_bare_s": bare, "train_tokens": tokens}
-        if out.get("train_s"):
+        if out.get("train_s") and tokens:  # a round whose groups were all zero-variance trained nothing
             out["train_ratio_vs_bare"] = out["train_s"] / bare
         bound, generated = collect_bound_seconds(arms["current"]["store"], last, sets)
         out |= {"collect_ceiling_s": bound, "collect_generated_tokens": generated}
