@@ -1,15 +1,23 @@
 """Pieces of the transformers backend's decode loop (models/hf.py): keyed sampling and the batch of rows.
 
-- `sample_keyed` draws one token per row by the Gumbel-max trick with uniforms that are a pure function of
-  the row's key (seed, sample index, position) and the vocabulary index, so the noise a row draws does not
-  depend on which other rows share its batch or in what order they were admitted;
+- `draw` / `sample_cdf` draw one token per row by inverting the cumulative distribution with one uniform per
+  row (float64 block sums, then a cumulative sum inside one block): exact samples from the row's distribution. It
+  replaced `torch.multinomial` (exponential noise over the whole vocabulary from a single-threaded generator,
+  then a division and an argmax: about a quarter of decode time here) and the Gumbel-max trick (one hashed
+  uniform per vocabulary entry);
+- `keyed_uniforms` makes that one uniform a pure function of the row's key (seed, sample index, position), so
+  the token a row draws does not depend on which other rows share its batch or in what order they were
+  admitted;
 - `DecodeBatch` holds the rows decoding together in one left-padded KV cache, with per-row positions, so
-  that rows join (continuous batching) and leave (end of sequence) without changing what any row computes.
+  that rows join (continuous batching) and leave (end of sequence) without changing what any row computes;
+- `BufferedLayer` keeps each layer's cache in a preallocated buffer with spare columns, so a decode step
+  writes one column in place instead of copying the whole cache (what transformers' DynamicLayer does).
 """
 
 from __future__ import annotations
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 M32 = 0xFFFFFFFF
 
@@ -23,49 +31,173 @@ def hash32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def sample_keyed(logits: torch.Tensor, temperature: float, keys: torch.Tensor) -> torch.Tensor:
-    """One token per row by the Gumbel-max trick, with uniforms that are a pure function of the row's key
-    (seed, sample, position) and the vocabulary index: exact samples from softmax(logits / T)."""
+def keyed_uniforms(keys: torch.Tensor) -> torch.Tensor:
+    """One uniform in (0, 1) per row, a pure function of the row's key [seed, sample, position] ([B, 3] int64)."""
+    k = hash32(keys[:, 0] ^ 0x5BD1E995)  # each part hashed on its own before combining: small, consecutive
+    k = hash32(k ^ hash32(keys[:, 1] + 0x27D4EB2F))  # keys (sample 0..G, position 0..T) spread evenly
+    k = hash32(k ^ hash32(keys[:, 2] + 0x165667B1))
+    return (k.double() + 0.5) / 2**32  # 2**32 levels: a token below ~1e-9 probability is drawn a little off
+
+
+def sample_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """The token of each row whose cumulative probability first exceeds u * (the row's total mass): an exact
+    draw from `probs` (unnormalised, [B, V]) for uniforms `u` in [0, 1) ([B]), to float32 rounding of the block
+    sums (~1e-6 relative). Two levels, so no cumulative sum runs over the whole vocabulary (torch's is
+    sequential per row, and a float64 copy of the probabilities costs more than the sampling): sums of blocks
+    of `block` tokens pick the block, a float64 cumulative sum inside it picks the token. Zero-probability
+    tokens are never drawn."""
+    rows, vocab = probs.shape
+    pad = (-vocab) % block
+    blocks = torch.nn.functional.pad(probs, (0, pad)).view(rows, -1, block)
+    cdf = blocks.sum(-1).double().cumsum(-1)  # [B, vocab / block]; a float32 sum of 256 terms is good to ~1e-6
+    target = u.to(cdf.device).double().clamp(max=1 - 2**-53) * cdf[:, -1]
+    b = torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp(max=cdf.shape[1] - 1)
+    before = torch.where(b > 0, cdf.gather(1, (b - 1).clamp(min=0)[:, None])[:, 0], torch.zeros_like(target))
+    inside = blocks[torch.arange(rows, device=b.device), b].double().cumsum(-1)  # [B, block]
+    rest = torch.minimum(target - before, inside[:, -1] * (1 - 1e-12))  # rounding never walks past the block's mass
+    j = torch.searchsorted(inside, rest[:, None], right=True)[:, 0]
+    return (b * block + j).cpu()
+
+
+def draw(logits: torch.Tensor, temperature: float, top_p: float, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from softmax(logits / T), nucleus-truncated to `top_p`, for uniforms `u` ([B]); greedy
+    (argmax) at T = 0. Returns the tokens and their log-probs under softmax(logits / T') with T' = T, or 1
+    when greedy (models.backend.logprob_temperature): the distribution the tokens were drawn from, before
+    truncation. One exponential pass over the logits; no full log-softmax is materialised."""
+    z = logits.float() / (temperature if temperature > 0 else 1.0)
+    top = z.amax(-1, keepdim=True)
+    probs = (z - top).exp_()
+    log_mass = probs.sum(-1).log()
     if temperature == 0:
-        return logits.argmax(-1).cpu()
-    vocab = torch.arange(logits.shape[-1], dtype=torch.int64)
-    k = hash32(hash32(hash32(keys[:, 0:1]) ^ keys[:, 1:2]) ^ keys[:, 2:3])  # [B, 1]
-    u = (hash32(k * 0x9E37 + vocab[None, :]).double() + 0.5) / 2**32
-    gumbel = -torch.log(-torch.log(u)).float()
-    return (logits.float().cpu() / temperature + gumbel).argmax(-1)
+        tok = z.argmax(-1).cpu()
+    elif top_p >= 1.0:
+        tok = sample_cdf(probs, u)
+    else:
+        sorted_p, idx = probs.sort(-1, descending=True)
+        sorted_p[sorted_p.cumsum(-1) - sorted_p > top_p * sorted_p.sum(-1, keepdim=True)] = 0  # smallest set reaching top_p
+        tok = idx.gather(1, sample_cdf(sorted_p, u)[:, None].to(idx.device))[:, 0].cpu()
+    at = tok[:, None].to(z.device)
+    return tok, (z.gather(1, at) - top)[:, 0] - log_mass
+
+
+class BufferedLayer(DynamicLayer):
+    """One attention layer's keys and values for the rows decoding together, in preallocated buffers
+    [rows, kv_heads, capacity, head_dim] with spare columns: a decode step writes its column in place (a
+    transformers DynamicLayer concatenates, copying the layer's whole cache at every step); dropping leading
+    columns that no row uses any more moves an offset; rows leaving are gathered once into a fresh buffer.
+    `keys` and `values` are views of the columns in use; `update`, `get_seq_length` and `get_mask_sizes` are
+    the calls a decode step makes."""
+
+    is_croppable = False
+
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, used: int, spare: int):
+        super().__init__()
+        self.is_initialized = True
+        self.kbuf, self.vbuf, self.start, self.end, self.spare = kbuf, vbuf, 0, used, spare
+        self.device = kbuf.device
+        self._view()
+
+    @classmethod
+    def of(cls, parts: list[tuple[torch.Tensor, torch.Tensor, int]], spare: int) -> BufferedLayer:
+        """A buffer holding `parts` ((keys, values, repeat) each) one under another, right-aligned to the widest
+        (left padding zeroed: masked columns must hold finite numbers), each row repeated `repeat` times."""
+        k0 = parts[0][0]
+        width = max(k.shape[2] for k, _, _ in parts)
+        rows = sum(k.shape[0] * r for k, _, r in parts)
+        kbuf = torch.empty(rows, k0.shape[1], width + spare, k0.shape[3], dtype=k0.dtype, device=k0.device)
+        vbuf = torch.empty_like(kbuf)
+        at = 0
+        for k, v, r in parts:
+            b, h, w, d = k.shape
+            for buf, src in ((kbuf, k), (vbuf, v)):
+                buf[at : at + b * r, :, : width - w].zero_()
+                buf[at : at + b * r, :, width - w : width].view(b, r, h, w, d).copy_(src[:, None].expand(b, r, h, w, d))
+            at += b * r
+        return cls(kbuf, vbuf, width, spare)
+
+    def _view(self) -> None:
+        self.keys = self.kbuf[:, :, self.start : self.end]
+        self.values = self.vbuf[:, :, self.start : self.end]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        q = key_states.shape[2]
+        if self.end + q > self.kbuf.shape[2]:  # out of spare columns: move the used ones into a wider buffer
+            self.kbuf, self.vbuf = (self._fresh(t, None, q + self.spare) for t in (self.keys, self.values))
+            self.start, self.end = 0, self.end - self.start
+        self.kbuf[:, :, self.end : self.end + q].copy_(key_states)
+        self.vbuf[:, :, self.end : self.end + q].copy_(value_states)
+        self.end += q
+        self._view()
+        return self.keys, self.values
+
+    @staticmethod
+    def _fresh(used: torch.Tensor, rows: torch.Tensor | None, spare: int) -> torch.Tensor:
+        """A new buffer with `used`'s columns (only the rows `rows`, when given) and `spare` columns after them."""
+        n = used.shape[0] if rows is None else len(rows)
+        buf = torch.empty(n, used.shape[1], used.shape[2] + spare, used.shape[3], dtype=used.dtype, device=used.device)
+        if rows is None:
+            buf[:, :, : used.shape[2]].copy_(used)
+        else:
+            torch.index_select(used, 0, rows, out=buf[:, :, : used.shape[2]])
+        return buf
+
+    def keep_rows(self, rows: torch.Tensor) -> None:
+        self.kbuf, self.vbuf = (self._fresh(t, rows, self.kbuf.shape[2] - self.end) for t in (self.keys, self.values))
+        self.start, self.end = 0, self.end - self.start
+        self._view()
+
+    def drop_leading(self, n: int) -> None:
+        self.start += n
+        self._view()
+
+    def get_seq_length(self, *args) -> int:
+        return self.end - self.start
+
+    def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
+        return self.end - self.start + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
 
 
 class DecodeBatch:
     """The rows decoding together: their KV cache, attention mask, next positions and pending logits.
 
     Rows of different lengths share one left-padded cache; padding is masked out, and RoPE positions are
-    per row (`next_pos`), so merging and dropping rows never changes what any row computes.
+    per row (`next_pos`), so merging and dropping rows never changes what any row computes. The cache is a
+    transformers DynamicCache whose layers are `BufferedLayer`s (preallocated, `spare` columns to grow into).
+    A freshly prefilled batch (`repeat` > 1) holds each prompt's cache once; merging repeats it per sample.
     """
 
-    def __init__(self):
+    def __init__(self, spare: int = 64):
         self.cache = None
         self.rows: list[tuple[int, int]] = []
         self.mask = self.next_pos = self.logits = self.last = None
+        self.spare, self.repeat = spare, 1
 
     @property
     def size(self) -> int:
         return len(self.rows)
 
     def merge(self, new: DecodeBatch, rows: list[tuple[int, int]]) -> None:
-        if self.cache is None or not self.rows:
-            self.cache, self.mask, self.next_pos, self.logits = new.cache, new.mask, new.next_pos, new.logits
-            self.rows = list(rows)
-            return
-        width = max(self.mask.shape[1], new.mask.shape[1])
-        for old_layer, new_layer in zip(self.cache.layers, new.cache.layers):
-            old_layer.keys, new_layer_keys = left_pad(old_layer.keys, width, 2), left_pad(new_layer.keys, width, 2)
-            old_layer.values = left_pad(old_layer.values, width, 2)
-            old_layer.keys = torch.cat([old_layer.keys, new_layer_keys])
-            old_layer.values = torch.cat([old_layer.values, left_pad(new_layer.values, width, 2)])
-        self.mask = torch.cat([left_pad(self.mask, width, 1), left_pad(new.mask, width, 1)])
-        self.next_pos = torch.cat([self.next_pos, new.next_pos])
-        self.logits = torch.cat([self.logits, new.logits])
-        self.rows += rows
+        """Add the rows of a freshly prefilled batch: one copy of every row's cache into a new buffer."""
+        live = self.cache is not None and bool(self.rows)
+        layers = []
+        for i, new_layer in enumerate(new.cache.layers):
+            parts = [(new_layer.keys, new_layer.values, new.repeat)]
+            if live:
+                parts.insert(0, (self.cache.layers[i].keys, self.cache.layers[i].values, 1))
+            layers.append(BufferedLayer.of(parts, self.spare))
+        new.cache.layers = layers
+        if live:
+            width = max(self.mask.shape[1], new.mask.shape[1])
+            self.mask = torch.cat([left_pad(self.mask, width, 1), left_pad(new.mask, width, 1)])
+            self.next_pos = torch.cat([self.next_pos, new.next_pos])
+            self.logits = torch.cat([self.logits, new.logits])
+            self.rows += rows
+        else:
+            self.mask, self.next_pos, self.logits, self.rows = new.mask, new.next_pos, new.logits, list(rows)
+        self.cache = new.cache
         self.last = None
 
     def select(self, keep: list[int], sampled: torch.Tensor) -> None:
@@ -73,7 +205,9 @@ class DecodeBatch:
         idx = torch.tensor(keep, dtype=torch.long)
         if len(keep) < len(self.rows):
             if keep:
-                self.cache.batch_select_indices(idx.to(self.cache.layers[0].keys.device))
+                on = idx.to(self.cache.layers[0].keys.device)
+                for layer in self.cache.layers:
+                    layer.keep_rows(on)
             self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
             self.rows = [self.rows[k] for k in keep]
         self.last = sampled[idx]
@@ -85,7 +219,7 @@ class DecodeBatch:
         if lead:
             self.mask = self.mask[:, lead:]
             for layer in self.cache.layers:
-                layer.keys, layer.values = layer.keys[:, :, lead:], layer.values[:, :, lead:]
+                layer.drop_leading(lead)
 
 
 def left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from models.backend import Completion, Sampling, logprob_temperature
-from models.decoding import M32, DecodeBatch, cache_kwarg, sample_keyed
+from models.decoding import M32, DecodeBatch, cache_kwarg, draw, keyed_uniforms
 
 log = logging.getLogger("refinery.models")
 
@@ -139,9 +139,8 @@ class TransformersBackend:
         tokens: dict[tuple[int, int], list[int]] = {}
         lps: dict[tuple[int, int], list[float]] = {}
         finish: dict[tuple[int, int], str] = {}
-        run = DecodeBatch()
+        run = DecodeBatch(spare=min(sampling.max_new_tokens, 128))
         eos = torch.tensor(self.eos_ids)
-        lp_temperature = logprob_temperature(sampling.temperature)  # the distribution the tokens are drawn from
         admit_at = max(n, (self.batch_size // 4) // n * n)  # prefill several prompts at once, not one by one
         while queue or run.size:
             free = self.batch_size - run.size
@@ -149,13 +148,13 @@ class TransformersBackend:
                 take = max(1, free // n)
                 batch, queue = queue[:take], queue[take:]
                 run.merge(self._prefill([ids[i] for i in batch], n), [(i, j) for i in batch for j in range(n)])
-            logp = F.log_softmax(run.logits / lp_temperature, dim=-1)
             if row_seeds is None:
-                tok = self._sample(run.logits, sampling, gen)
+                u = torch.rand(run.size, generator=gen, dtype=torch.float64)
             else:
-                keys = torch.tensor([[row_seeds[i] & M32, j, len(tokens.get((i, j), []))] for i, j in run.rows])
-                tok = sample_keyed(run.logits, sampling.temperature, keys)
-            tok_lp = logp.gather(1, tok[:, None].to(logp.device))[:, 0].tolist()
+                u = keyed_uniforms(torch.tensor([[row_seeds[i] & M32, j, len(tokens.get((i, j), []))]
+                                                 for i, j in run.rows]))
+            tok, tok_lp_t = draw(run.logits, sampling.temperature, sampling.top_p, u)
+            tok_lp = tok_lp_t.tolist()
             done = torch.isin(tok, eos).tolist()
             for k, key in enumerate(run.rows):
                 if done[k]:
@@ -185,7 +184,7 @@ class TransformersBackend:
         return out
 
     def _prefill(self, prompt_ids: list[list[int]], n: int) -> DecodeBatch:
-        """Run the prompts once (left-padded) and share each one's KV cache out to its n samples."""
+        """Run the prompts once (left-padded); each one's KV cache is shared out to its n samples on merging."""
         from transformers import DynamicCache
 
         width = max(len(p) for p in prompt_ids)
@@ -201,24 +200,10 @@ class TransformersBackend:
                                 position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1,
                                 **{self.cache_kwarg: cache}).logits[:, -1].float()
         b = DecodeBatch()
-        b.cache, b.mask, b.next_pos = cache, mask, pos[:, -1:] + 1
-        b.logits = logits
-        if n > 1:
-            cache.batch_repeat_interleave(n)
+        b.cache, b.mask, b.next_pos, b.logits, b.repeat = cache, mask, pos[:, -1:] + 1, logits, n
+        if n > 1:  # the cache is repeated when it is merged into the running batch (one copy)
             b.logits, b.mask, b.next_pos = (t.repeat_interleave(n, 0) for t in (b.logits, b.mask, b.next_pos))
         return b
-
-    @staticmethod
-    def _sample(logits: torch.Tensor, s: Sampling, gen: torch.Generator) -> torch.Tensor:
-        if s.temperature == 0:
-            return logits.argmax(-1).cpu()
-        probs = F.softmax(logits / s.temperature, dim=-1).cpu()
-        if s.top_p < 1.0:
-            sorted_p, idx = probs.sort(-1, descending=True)
-            cut = sorted_p.cumsum(-1) - sorted_p > s.top_p  # keep the smallest set whose mass reaches top_p
-            sorted_p[cut] = 0
-            probs = torch.zeros_like(probs).scatter(-1, idx, sorted_p)
-        return torch.multinomial(probs, 1, generator=gen)[:, 0]
 
     # ---- scoring -------------------------------------------------------------------------------------------
     def score(self, prompts: list[str], completions: list[str]) -> list[list[float]]:
