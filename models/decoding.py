@@ -182,13 +182,14 @@ class DecodeBatch:
     def merge(self, new: DecodeBatch, rows: list[tuple[int, int]]) -> None:
         """Add the rows of a freshly prefilled batch: one copy of every row's cache into a new buffer."""
         live = self.cache is not None and bool(self.rows)
-        layers = []
-        for i, new_layer in enumerate(new.cache.layers):
-            parts = [(new_layer.keys, new_layer.values, new.repeat)]
+        for i, new_layer in enumerate(new.cache.layers):  # layer by layer, each old buffer freed once copied:
+            parts = [(new_layer.keys, new_layer.values, new.repeat)]  # at most one layer's cache held twice
             if live:
-                parts.insert(0, (self.cache.layers[i].keys, self.cache.layers[i].values, 1))
-            layers.append(BufferedLayer.of(parts, self.spare))
-        new.cache.layers = layers
+                old, self.cache.layers[i] = self.cache.layers[i], None
+                parts.insert(0, (old.keys, old.values, 1))
+                del old
+            new.cache.layers[i] = BufferedLayer.of(parts, self.spare)
+            del parts, new_layer
         if live:
             width = max(self.mask.shape[1], new.mask.shape[1])
             self.mask = torch.cat([left_pad(self.mask, width, 1), left_pad(new.mask, width, 1)])
