@@ -16,6 +16,11 @@ batch to its longest prompt. Here
   `sdpa_native_gqa` tells transformers to pass it (its TRANSFORMERS_SDPA_FORCE_GQA switch; on CUDA a mask
   with GQA falls back to the math kernel, so it stays off there). Same results to bf16 rounding (sampled-token
   log-probs against an fp32 forward: median error 0.009 either way); decode ~1.5x faster on 2 cores;
+- the KV cache lives in preallocated buffers with spare columns (models/decoding.py BufferedLayer): a decode
+  step writes its column in place, where transformers' DynamicCache copies the whole cache at every step;
+- sampling inverts each row's cumulative distribution with one uniform (models/decoding.py draw), one
+  exponential pass over the logits that also yields the token's log-prob (torch.multinomial drew exponential
+  noise over the whole vocabulary from one thread, a quarter of decode time);
 - `score` runs the decoder once and applies the 49k-wide output layer in chunks, so logits never
   materialise for a whole batch at once.
 Log-probs (models/backend.py): `generate` reports log_softmax(logits / T) of each sampled token at the
