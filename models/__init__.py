@@ -1,0 +1,6 @@
+"""Policy backends, checkpoints and memory handling. Importing the package caps oneDNN's primitive cache
+(models/memory.py bound_onednn_cache) before any model code runs a kernel."""
+
+from models.memory import bound_onednn_cache
+
+bound_onednn_cache()

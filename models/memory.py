@@ -6,6 +6,14 @@ size only grows: measured on SmolLM2-135M training, about 1.1 GB of every optimi
 stayed resident and the next step's peak stacked on it. `release_memory` runs the garbage collector and asks
 glibc to return free heap pages (`malloc_trim(0)`, a few milliseconds); elsewhere it only collects. It is
 called after each optimizer step, after every stage, and when backends are dropped.
+
+oneDNN (torch's CPU kernels for bf16 matmuls) caches up to 1024 compiled primitives, each holding its
+scratch buffers, and a training round meets a new matmul shape with every packed sequence length: measured on
+a standalone GRPO round of SmolLM2-135M, the cache kept 0.2 GiB after the round and raised the peak by 0.3 GiB.
+`bound_onednn_cache` sets ONEDNN_PRIMITIVE_CACHE_CAPACITY to 16 unless the environment sets it (oneDNN reads
+it when it first builds a primitive, so importing `models` early is enough): training and decoding ran at the
+same speed with 16 as with 1024 (a decode step or a pass reuses a handful of shapes across its 30 layers);
+0 (no cache) made training 4.5x slower.
 """
 
 from __future__ import annotations
@@ -14,6 +22,9 @@ import ctypes
 import ctypes.util
 import functools
 import gc
+import os
+
+ONEDNN_CACHE_CAPACITY = "16"
 
 
 @functools.cache
@@ -32,3 +43,8 @@ def release_memory() -> None:
     trim = _trim()
     if trim is not None:
         trim(0)
+
+
+def bound_onednn_cache() -> None:
+    """Cap oneDNN's primitive cache (see the module docstring) unless ONEDNN_PRIMITIVE_CACHE_CAPACITY is set."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_CACHE_CAPACITY)

@@ -49,6 +49,13 @@ def _minilm():
     return AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
 
 
+def release_embedder() -> None:
+    """Drop the loaded MiniLM (about 0.1 GiB with its buffers): every stage calls this when it ends
+    (tasks/stage.py), so the embedder lives for the stage that embeds (select, refine's rewrite gate) and is not
+    resident through collect and training."""
+    _minilm.cache_clear()
+
+
 def mean_pool(hidden, mask):
     """Mean over unmasked tokens, L2-normalised, in float32, on the tensors' own device."""
     import torch

@@ -33,6 +33,7 @@ from models.config import ModelConfig
 from models.memory import release_memory
 from storage.rounds import this_round
 from storage.store import Store
+from tasks.embed import release_embedder
 from tasks.reporting import timed
 
 
@@ -76,6 +77,7 @@ def stage(name: str, **task_options: Any) -> Callable[[Callable[..., dict]], Any
             try:
                 return {"stage": name, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
             finally:
+                release_embedder()
                 release_memory()  # what the stage freed goes back to the OS before the next stage's peak
 
         # Prefect binds a call's arguments to the task's signature: the stage's own, without `store`

@@ -30,3 +30,17 @@ def test_release_memory_returns_freed_heap_to_the_os():
     before, after = map(float, out.split())
     assert before > 200, f"the probe's freed blocks were not resident: {before:.0f} MB"
     assert after < before - 150, f"RSS {before:.0f} MB -> {after:.0f} MB after release_memory"
+
+
+@pytest.mark.parametrize("preset, expected", [(None, "16"), ("64", "64")])
+def test_importing_models_caps_onednn_primitive_cache_unless_the_environment_sets_it(preset, expected):
+    """oneDNN reads ONEDNN_PRIMITIVE_CACHE_CAPACITY when it first builds a primitive; importing `models` must
+    set it before then (a bf16 matmul after the import), and a user's own setting wins."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    if preset is not None:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = preset
+    code = "import os, models; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == expected

@@ -130,6 +130,26 @@ def test_minilm_embeds_offline_and_separates_topics():
     assert v[0] @ v[1] > v[0] @ v[2]
 
 
+def test_a_stage_that_embeds_drops_the_embedder_when_it_ends(store):
+    """MiniLM lives for the stage that embeds, not through collect and training (tasks/embed.py
+    release_embedder, called by every stage's wrapper), and loads again for the next stage that needs it."""
+    from tasks.embed import _minilm, embed_minilm
+    from tasks.stage import stage
+
+    held = []
+
+    @stage("probe_embed")
+    def probe(ctx, store):
+        embed_minilm(["What is 7 times 8?"])
+        embed_minilm(["Compute the product of 6 and 9."])  # the second call reuses the loaded model
+        held.append(_minilm.cache_info().currsize)
+        return {}
+
+    probe.fn(round_ctx(store, "r"))
+    assert held == [1] and _minilm.cache_info().currsize == 0
+    assert embed_minilm(["Write a poem about the sea."]).shape == (1, 384)  # loads again on demand
+
+
 def test_policy_embeddings_of_each_checkpoint_are_cached_apart(store, tiny_backend):
     """A new checkpoint embeds the same prompts again (its hidden states differ) and lands them under its own
     key; asking again for either checkpoint computes nothing."""
