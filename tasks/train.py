@@ -13,6 +13,8 @@
   (T = 0 means 1), as verl and TRL compute it; the SFT term on shaped traces is plain likelihood at T = 1.
 - KL to the frozen starting model (policy version 0), k3 estimator exp(ref - logp) - (ref - logp) - 1,
   clamped at `train.kl_clamp` (10) per token as verl does, coefficient `kl_coef` (0 switches it off and skips the reference forward).
+  In round 0 the policy is that model: its reference log-probs come from the old pass (LoPE rows get one pass
+  under their plain prompt) and no second model is loaded (tasks/core/grpo.py `reference_is_policy`).
 - L = L_grpo + lambda_sft * NLL(shaped traces), the NLL averaged over the traces' tokens.
 - Full fine-tune or LoRA (peft; merged into a plain checkpoint on save), fp32 or bf16 autocast, gradient
   accumulation over micro-batches, gradient-norm clipping, AdamW. One pass over the round's data.
@@ -126,7 +128,8 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
             fault_point("train:mid")  # test hook: a fault test kills the process here, mid-training
 
         steps = train_round(model, load_reference, seqs, sft, cfg, pad_id, device, ctx.model.dtype,
-                            seed=round_seed(cfg.seed, round), on_step=on_step, temperature=rollout_cfg.temperature)
+                            seed=round_seed(cfg.seed, round), on_step=on_step, temperature=rollout_cfg.temperature,
+                            reference_is_policy=policy_version == 0)  # round 0 starts from the base itself
     seconds = time.perf_counter() - t0
     version = policy_version + 1
     saved = str(save_checkpoint(model, tokenizer, store, run_id, version)) if steps else path

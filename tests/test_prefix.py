@@ -171,3 +171,24 @@ def test_group_steps_keep_a_prompts_rows_in_one_step(tiny_backend, monkeypatch):
         assert len(train_round(copy.deepcopy(b.model), None, seqs, [], cfg, b.pad_id, seed=3, temperature=0.7)) == 2
         expected = [1, 1] if group_steps else [2, 2]  # seed 3's shuffle mixes both groups into each step
         assert prompts_per_pass == expected
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_reference_that_is_the_starting_policy_reuses_the_old_pass(tiny_backend, shared):
+    """Round 0 trains the base against itself: `reference_is_policy` takes the KL reference from the old pass
+    (and, for the LoPE row, a pass under its plain prompt) and loads nothing, with the same step rows as a
+    frozen copy of the starting model passed as the reference. Several steps at a large learning rate, so the
+    policy moves away from its reference and the KL of the later steps is not zero."""
+    b = tiny_backend
+    seqs, _ = _batch(b)
+    cfg = CFG.model_copy(update={"lr": 1e-2, "rows_per_step": 3, "shared_prefix": shared})
+    frozen = copy.deepcopy(b.model).eval().requires_grad_(False)
+    plain = train_round(copy.deepcopy(b.model), frozen, seqs, [], cfg, b.pad_id, seed=3, temperature=0.7)
+
+    def no_loading():
+        raise AssertionError("the reference was loaded")
+
+    reused = train_round(copy.deepcopy(b.model), no_loading, seqs, [], cfg, b.pad_id, seed=3, temperature=0.7,
+                         reference_is_policy=True)
+    assert len(plain) == 3 and max(r["kl"] for r in plain[1:]) > 1e-6
+    _rows_match(reused, plain)

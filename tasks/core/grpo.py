@@ -132,12 +132,16 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                 seqs: list[Sequence],
                 sft: list[Sequence], cfg: TrainConfig, pad_id: int,
                 device: str = "cpu", dtype: str = "fp32", seed: int = 0, on_step=None, *,
-                temperature: float) -> list[dict]:
+                temperature: float, reference_is_policy: bool = False) -> list[dict]:
     """One pass of GRPO (+ SFT) over `seqs` (and `sft`), `cfg.rows_per_step` sequences per optimizer step.
     `temperature` is the one `seqs` were sampled at: the ratio, KL, LoPE ratio and entropy use
     log_softmax(logits / temperature). Returns a stats row per step. The model is updated in place.
     `ref_model` (the KL reference) may be a loader: it is then loaded only when the KL term is on, used for the
-    one reference pass before the first step, and released before the optimizer state exists."""
+    one reference pass before the first step, and released before the optimizer state exists.
+    `reference_is_policy`: the KL reference is `model` as it starts (round 0, where the policy is the base):
+    `ref_model` is ignored and no reference is loaded. A row sampled under its own prompt takes its reference
+    log-probs from the old pass, which ran the same weights over the same tokens; only LoPE rows, whose old pass
+    ran their behaviour prompt, get a reference pass of their own (under their plain prompt)."""
     logprob_temperature(temperature)  # a bad temperature fails here, before any forward pass
     if not seqs and not (sft and cfg.sft_weight > 0):
         return []
@@ -151,7 +155,15 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
     old = batched_logprobs(model, [s.behaviour_ids or s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
                     pad_id, device, dtype, micro, max_tokens, temperature, shared)
     ref = None
-    if ref_model is not None and cfg.kl_coef > 0 and seqs:
+    if reference_is_policy and cfg.kl_coef > 0 and seqs:
+        ref = list(old)
+        lope = [i for i, s in enumerate(seqs) if s.behaviour_ids is not None]
+        if lope:
+            plain = batched_logprobs(model, [seqs[i].prompt_ids for i in lope], [seqs[i].completion_ids for i in lope],
+                                     pad_id, device, dtype, micro, max_tokens, temperature, shared)
+            for i, lp in zip(lope, plain):
+                ref[i] = lp
+    elif ref_model is not None and cfg.kl_coef > 0 and seqs:
         reference = ref_model() if callable(ref_model) and not isinstance(ref_model, torch.nn.Module) else ref_model
         ref = batched_logprobs(reference, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs], pad_id, device,
                         dtype, micro, max_tokens, temperature, shared)
