@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", parents=[common], help="held-out pass@1 / pass@k of a run's checkpoint")
     e.add_argument("--run-id", default=None, help="default: the newest run")
     e.add_argument("--checkpoint", type=int, default=None, help="policy_version (default: the newest)")
+    e.add_argument("--dataset", default=None, metavar="FILE", help="evaluate on this .jsonl/.parquet prompt file "
+                   "(the ingest schema) instead of the run's held-out split; results land as split dataset:<name>")
+    e.add_argument("--dataset-name", default=None, help="the dataset's name (default: the file's stem)")
     e.set_defaults(func=cmd_eval)
 
     rs = sub.add_parser("rescore", parents=[common], help="re-score a completed run's reserve pool with its "

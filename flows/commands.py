@@ -140,8 +140,11 @@ def cmd_eval(a: argparse.Namespace) -> int:
     prepare_prefect(a.store, a.verbose)
     from flows.evaluate import evaluate
 
-    out = evaluate(run_id=a.run_id, checkpoint=a.checkpoint, store=a.store)
+    out = evaluate(run_id=a.run_id, checkpoint=a.checkpoint, store=a.store, dataset=a.dataset,
+                   dataset_name=a.dataset_name)
     for e in out["evals"]:
+        if e["split"] != out["split"]:
+            continue
         print(f"run {out['run_id']} v{e['policy_version']} (round {e['round']}, {e['split']}, {e['n_prompts']} "
               f"prompts): pass@1 {e['pass_at_1']:.3f}, pass@{e['k']} {e['pass_at_k']:.3f}")
     return 0

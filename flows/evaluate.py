@@ -3,6 +3,14 @@
 It reuses the run's stored config (held-out split, sampling, verifier), so the numbers are comparable with
 the curriculum flow's own per-round evaluations. The result lands in `evals` as stage `eval-v<version>` of
 the checkpoint's round; evaluating the same version again reports the landed numbers instead of resampling.
+
+`dataset` (a .jsonl or .parquet prompt file, the ingest schema: question, answer, optional id, solution, meta)
+evaluates on that file instead of the held-out split, for sets the run never saw (data/external holds one).
+Its rows are validated as ingest validates them (any bad row: nothing lands, one line per bad row) and land in
+`prompts` like any ingest, with `source` = the dataset's name, so `eval_results` rows join to their text. The
+name (`dataset_name`, default the file's stem) is the split, `dataset:<name>`; the stage is
+`eval-v<version>-<name>-<content digest>`, so the same file evaluated again reports what landed, and another
+file under a name that already has results for that checkpoint is refused instead of mixed in.
 """
 
 from __future__ import annotations
@@ -21,10 +29,38 @@ def latest_run(store: Store) -> str:
     return runs.sort("created_at")["run_id"][-1]
 
 
+def dataset_prompts(s: Store, path: str, name: str | None) -> tuple[str, str, pl.DataFrame]:
+    """(name, content digest, prompts frame) of a prompt file, its new prompts landed in `prompts`."""
+    from pathlib import Path
+
+    from storage.store import check_name
+    from tasks.core.ids import digest
+    from tasks.ingest import IngestRejected, commit_prompts, load_source
+
+    name = name or Path(path).stem
+    try:
+        check_name("dataset name", name)
+    except ValueError as e:
+        raise ValueError(f"{e} (pass --dataset-name)") from None
+    rows, bad = load_source(path, source_name=name)
+    if bad:
+        raise IngestRejected(path, bad)
+    commit_prompts(s, rows)
+    ids = list(dict.fromkeys(r.prompt_id for r in rows))  # file order, duplicates once
+    frame = pl.DataFrame({"prompt_id": [r.prompt_id for r in rows], "text": [r.text for r in rows],
+                          "answer": [r.answer for r in rows], "source": [r.source for r in rows],
+                          "meta": [r.meta for r in rows]}, schema={"prompt_id": pl.String, "text": pl.String,
+                                                                   "answer": pl.String, "source": pl.String,
+                                                                   "meta": pl.String})
+    frame = frame.unique("prompt_id", keep="first").sort("prompt_id")
+    return name, digest("\x1f".join(sorted(ids)))[:8], frame
+
+
 @flow(name="evaluate", validate_parameters=True)
-def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: str | None = None) -> dict:
+def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: str | None = None,
+             dataset: str | None = None, dataset_name: str | None = None) -> dict:
     """Evaluate checkpoint `checkpoint` (a policy_version; default the newest) of run `run_id` (default the
-    newest run) on the run's held-out split."""
+    newest run) on the run's held-out split, or on the prompt file `dataset` (split `dataset:<name>`)."""
     from flows.config import RunConfig
     from storage.checkpoints import checkpoint_versions
     from storage.runs import stored_config
@@ -47,14 +83,21 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
         raise ValueError(f"run {run_id} has no checkpoint {checkpoint}; it has "
                          f"{', '.join(map(str, known['policy_version'].to_list()))}")
     r = row.row(0, named=True)
-    stage = f"eval-v{checkpoint}"
+    stage, split, prompts = f"eval-v{checkpoint}", "heldout", None
+    if dataset is not None:
+        name, content, prompts = dataset_prompts(s, dataset, dataset_name)
+        stage, split = f"eval-v{checkpoint}-{name}-{content}", f"dataset:{name}"
+    mine = (pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint)
     if s.landed(run_id, r["round"], stage):
         out = skipped(stage, r["round"])
     else:
+        if dataset is not None and scan(s, "evals").filter(mine & (pl.col("split") == split)).collect().height:
+            raise ValueError(f"run {run_id} v{checkpoint} already has results for a different file named "
+                             f"{split.removeprefix('dataset:')!r}; pass another --dataset-name")
         ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,
                            base=config.model.policy, rounds=config.rounds, model=config.model)
         out = evaluate_versions(s, ctx, [(checkpoint, r["path"])], config.eval, config.rollout, config.reward,
-                                stage=stage)
-    landed = (scan(s, "evals").filter((pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint))
-              .sort("round").collect())
-    return {"run_id": run_id, "policy_version": checkpoint, "stage": out, "evals": landed.to_dicts()}
+                                stage=stage, prompts=prompts, split=split)
+    landed = scan(s, "evals").filter(mine).sort("round", "split").collect()
+    return {"run_id": run_id, "policy_version": checkpoint, "stage": out, "split": split,
+            "evals": landed.to_dicts()}

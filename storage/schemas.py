@@ -149,6 +149,16 @@ TABLES: dict[str, pa.Schema] = {
         _f("pass_at_1", pa.float64()),
         _f("pass_at_k", pa.float64()),
     ]),
+    "eval_results": pa.schema([  # one row per (evaluation, prompt): what bootstrap intervals resample
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("policy_version", pa.int32()),
+        _f("split", pa.string()),
+        _f("prompt_id", pa.string()),
+        _f("n_samples", pa.int32()),
+        _f("n_correct", pa.int32()),
+        _f("n_tokens", pa.int64()),
+    ]),
     "checkpoints": pa.schema([
         _f("run_id", pa.string()),
         _f("policy_version", pa.int32()),

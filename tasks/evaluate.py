@@ -8,6 +8,11 @@ prompts, so training and evaluation are disjoint by root_id.
 pass@1 is the mean per-prompt share of correct samples; pass@k is the unbiased estimator
 1 - C(n - c, k) / C(n, k) (Chen et al. 2021), averaged over prompts. Samples are plain prompts (no few-shot,
 no LoPE), at the eval temperature, seeded.
+
+Each evaluation lands one `evals` row (the means) and one `eval_results` row per prompt (samples, correct
+ones, generated tokens), so intervals can resample prompts and tokens per correct answer can be counted. The
+split is `heldout` for the run's own held-out prompts, `dataset:<name>` for a prompt file evaluated with
+`refinery eval --dataset` (flows/evaluate.py).
 """
 
 from __future__ import annotations
@@ -51,29 +56,36 @@ def heldout_prompts(store: Store, run_id: str) -> pl.DataFrame:
 
 
 def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int, str]], cfg: EvalConfig,
-                      rollout_cfg: RolloutConfig, reward_cfg: RewardConfig, stage: str = "evaluate") -> dict:
-    """Evaluate each (policy_version, model spec) on the held-out split; land one `evals` row per version, as
-    stage `stage` of ctx's round (the caller checks whether it already landed)."""
-    prompts = heldout_prompts(store, ctx.run_id)
-    if prompts.height == 0:
-        raise ValueError(f"run {ctx.run_id} has no held-out prompts (eval.heldout_fraction was 0, or the run "
-                         "predates held-out splits)")
-    rows, timeouts = [], 0
+                      rollout_cfg: RolloutConfig, reward_cfg: RewardConfig, stage: str = "evaluate",
+                      prompts: pl.DataFrame | None = None, split: str = "heldout") -> dict:
+    """Evaluate each (policy_version, model spec) on `prompts` (prompt_id, text, answer, source, meta; default
+    the run's held-out split); land one `evals` row per version and one `eval_results` row per version and
+    prompt under `split`, as stage `stage` of ctx's round (the caller checks whether it already landed)."""
+    if prompts is None:
+        prompts = heldout_prompts(store, ctx.run_id)
+        if prompts.height == 0:
+            raise ValueError(f"run {ctx.run_id} has no held-out prompts (eval.heldout_fraction was 0, or the run "
+                             "predates held-out splits)")
+    rows, per_prompt, timeouts = [], [], 0
     for version, spec in versions:
         backend = load_model(ctx.model.model_copy(update={"policy": spec}))
         rendered = [backend.render([ask(t, rollout_cfg.instruction)]) for t in prompts["text"]]
         groups = backend.generate(rendered, cfg.n_samples, Sampling(cfg.temperature, 1.0, rollout_cfg.max_new_tokens,
                                                                     round_seed(cfg.seed, version)))
         p1, pk = [], []
-        for group, checked in zip(groups, verdicts(prompts, groups, reward_cfg)):
+        for pid, group, checked in zip(prompts["prompt_id"], groups, verdicts(prompts, groups, reward_cfg)):
             c = sum(v.correct for v in checked)
             timeouts += sum(v.timed_out for v in checked)
             p1.append(c / len(group))
             pk.append(pass_at_k(len(group), c, cfg.k))
-        rows.append({"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": "heldout",
+            per_prompt.append({"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": split,
+                               "prompt_id": pid, "n_samples": len(group), "n_correct": c,
+                               "n_tokens": sum(len(s.token_ids) for s in group)})
+        rows.append({"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": split,
                      "n_prompts": prompts.height, "k": cfg.k, "pass_at_1": sum(p1) / len(p1),
                      "pass_at_k": sum(pk) / len(pk)})
-    store.commit(stage, {"evals": pa.Table.from_pylist(rows)}, run_id=ctx.run_id, round=ctx.round)
+    store.commit(stage, {"evals": pa.Table.from_pylist(rows), "eval_results": pa.Table.from_pylist(per_prompt)},
+                 run_id=ctx.run_id, round=ctx.round)
     report_timeouts(stage, ctx.round, timeouts)
     return {"stage": stage, "round": ctx.round, "prompts": prompts.height, "verify_timeouts": timeouts,
             "versions": {r["policy_version"]: {"pass_at_1": sig4(r["pass_at_1"]), f"pass_at_{cfg.k}": sig4(r["pass_at_k"])}

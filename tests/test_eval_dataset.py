@@ -1,0 +1,99 @@
+"""`refinery eval --dataset FILE`: a checkpoint scored on a prompt file the run never saw, landing `evals` under
+split `dataset:<name>` and one `eval_results` row per prompt; bad files and name clashes refused in one line."""
+
+import contextlib
+import io
+import json
+
+import pytest
+from test_curriculum import TINY
+
+from flows.config import load_config
+from storage.query import sql
+
+# The scripted policy on the tiny model's weights (models/scripted.py): it solves arithmetic at known, mixed
+# rates, so a dataset evaluation has correct and wrong samples; no training, so the run's checkpoint is v0.
+SETS = [s for s in TINY if not s.startswith("rollout.max_new_tokens")] + [
+    "model.backend=scripted", "rollout.max_new_tokens=40", "shape.enabled=false",
+    "train.enabled=false", "eval.n_samples=8", "eval.k=4"]
+QUESTIONS = [("What is 3 + 4?", "7"), ("What is 6 * 7?", "42"), ("What is 9 - 12?", "-3"),
+             ("What is 8 * 8 + 1?", "65"), ("Name a colour.", "blue")]  # the last has no expression: never solved
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    from flows.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_a_checkpoint_scored_on_a_prompt_file(prefect_api, store, tmp_path):
+    from flows.curriculum import curriculum
+    from models.backend import Sampling
+    from models.registry import load_model
+    from tasks.core.fewshot import ask
+    from tasks.core.seeds import round_seed
+    from tasks.core.verdicts import verdicts
+    from tasks.evaluate import EvalConfig
+
+    cfg = load_config(sets=SETS, run_id="ds", store=store.root, rounds=1)
+    curriculum(cfg)
+    path = _write(tmp_path / "arith.jsonl", [{"id": f"q{i}", "question": q, "answer": a}
+                                            for i, (q, a) in enumerate(QUESTIONS)])
+    code, out, err = _cli("eval", "--run-id", "ds", "--dataset", path, "--store", store.root)
+    assert code == 0, err
+    assert out.count("\n") == 1 and "v0 (round 0, dataset:arith, 5 prompts): pass@1" in out
+
+    # per prompt: what the same sampling and the verifier give, joined to the landed prompts' text
+    rows = sql(store, """SELECT p.text, r.n_samples, r.n_correct, r.n_tokens, p.source FROM eval_results r
+                         JOIN prompts p USING (prompt_id) WHERE r.run_id = 'ds' AND r.split = 'dataset:arith'
+                         ORDER BY p.text""").to_pylist()
+    assert len(rows) == 5 and all(r["n_samples"] == 8 and r["source"] == "arith" for r in rows)
+    prompts = sql(store, "SELECT prompt_id, text, answer, source, meta FROM prompts WHERE source = 'arith' "
+                         "ORDER BY prompt_id").to_pylist()
+    import polars as pl
+
+    frame = pl.DataFrame(prompts)
+    backend = load_model(cfg.model)
+    groups = backend.generate([backend.render([ask(t, cfg.rollout.instruction)]) for t in frame["text"]], 8,
+                              Sampling(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens,
+                                       round_seed(EvalConfig().seed, 0)))
+    want = {t: (sum(v.correct for v in vs), sum(len(c.token_ids) for c in g))
+            for t, g, vs in zip(frame["text"], groups, verdicts(frame, groups, cfg.reward))}
+    assert {r["text"]: (r["n_correct"], r["n_tokens"]) for r in rows} == want
+    assert want["Name a colour."][0] == 0 and 0 < sum(c for c, _ in want.values()) < 4 * 8  # mixed outcomes
+    (ev,) = sql(store, "SELECT n_prompts, k, pass_at_1 FROM evals WHERE split = 'dataset:arith'").to_pylist()
+    assert ev["n_prompts"] == 5 and ev["pass_at_1"] == pytest.approx(sum(c for c, _ in want.values()) / 40)
+    # the run's own held-out evaluation landed per-prompt rows too, apart from the dataset's
+    assert sql(store, "SELECT count(*) AS n FROM eval_results WHERE split = 'heldout'").to_pylist()[0]["n"] > 0
+
+    # the same file again: reported, not resampled (no new rows)
+    code, again, _ = _cli("eval", "--run-id", "ds", "--dataset", path, "--store", store.root)
+    assert code == 0 and again == out
+    assert sql(store, "SELECT count(*) AS n FROM eval_results WHERE split = 'dataset:arith'").to_pylist()[0]["n"] == 5
+
+    # another file under the same name is refused, nothing lands; under its own name it is evaluated
+    (tmp_path / "b").mkdir()
+    other = _write(tmp_path / "b" / "arith.jsonl", [{"question": "What is 2 + 2?", "answer": "4"}])
+    code, _, err = _cli("eval", "--run-id", "ds", "--dataset", other, "--store", store.root)
+    assert code == 1 and "already has results for a different file named 'arith'" in err and err.count("\n") == 1
+    code, out, err = _cli("eval", "--run-id", "ds", "--dataset", other, "--dataset-name", "twos",
+                          "--store", store.root)
+    assert code == 0 and "dataset:twos, 1 prompts" in out, err
+
+    # bad input: one line naming the problem, and nothing lands
+    before = sql(store, "SELECT count(*) AS n FROM prompts").to_pylist()
+    bad = _write(tmp_path / "bad.jsonl", [{"question": "What is 1 + 1?"}, {"question": "x", "answer": "1"}])
+    for args, problem in [(["--dataset", bad], "bad.jsonl: rejected, 1 bad row(s), nothing written: bad.jsonl line 1"),
+                          (["--dataset", str(tmp_path / "missing.jsonl")], "missing.jsonl: no such file"),
+                          (["--dataset", path, "--dataset-name", "../etc"], "dataset name '../etc' is not valid")]:
+        code, _, err = _cli("eval", "--run-id", "ds", *args, "--store", store.root)
+        assert code == 1 and problem in err and err.count("\n") == 1, err
+    assert sql(store, "SELECT count(*) AS n FROM prompts").to_pylist() == before
