@@ -159,6 +159,15 @@ TABLES: dict[str, pa.Schema] = {
         _f("n_correct", pa.int32()),
         _f("n_tokens", pa.int64()),
     ]),
+    "generated_tokens": pa.schema([  # what each stage generated, by purpose (models/meter.py)
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("stage", pa.string()),
+        _f("purpose", pa.string()),
+        _f("calls", pa.int32()),
+        _f("completions", pa.int64()),
+        _f("tokens", pa.int64()),
+    ]),
     "checkpoints": pa.schema([
         _f("run_id", pa.string()),
         _f("policy_version", pa.int32()),

@@ -27,7 +27,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -102,6 +102,9 @@ class Store:
         self.fs, path = fsspec.core.url_to_fs(root)
         self.local = isinstance(self.fs, LocalFileSystem)
         self.root = os.path.abspath(path) if self.local else path.rstrip("/")
+        # (run_id, round, stage) -> tables that ride along in that stage's commit, computed when it commits
+        # (the stage wrapper puts its generated-token counts here: they land atomically with the stage)
+        self.riders: dict[tuple[str | None, int | None, str], Callable[[], Mapping[str, pa.Table]]] = {}
 
     def __repr__(self) -> str:
         return f"Store({self.uri!r})"
@@ -148,6 +151,9 @@ class Store:
             result = Commit(run_id, round, stage, landed_now=False)
             log.info(result.message)
             return result
+        rider = self.riders.get((run_id, round, stage))
+        if rider is not None:
+            tables = {**tables, **rider()}
         conformed = {name: conform(name, t) for name, t in tables.items()}
         part = partition(run_id, round)
         stage_dir = f"stage={stage}"

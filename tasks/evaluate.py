@@ -23,6 +23,7 @@ from pydantic import Field
 
 from models.backend import Sampling
 from models.config import Section
+from models.meter import record
 from models.registry import load_model
 from storage.rounds import prompts, this_round
 from storage.store import Store
@@ -70,8 +71,8 @@ def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int,
     for version, spec in versions:
         backend = load_model(ctx.model.model_copy(update={"policy": spec}))
         rendered = [backend.render([ask(t, rollout_cfg.instruction)]) for t in prompts["text"]]
-        groups = backend.generate(rendered, cfg.n_samples, Sampling(cfg.temperature, 1.0, rollout_cfg.max_new_tokens,
-                                                                    round_seed(cfg.seed, version)))
+        sampling = Sampling(cfg.temperature, 1.0, rollout_cfg.max_new_tokens, round_seed(cfg.seed, version))
+        groups = record("eval", backend.generate(rendered, cfg.n_samples, sampling))
         p1, pk = [], []
         for pid, group, checked in zip(prompts["prompt_id"], groups, verdicts(prompts, groups, reward_cfg)):
             c = sum(v.correct for v in checked)

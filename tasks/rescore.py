@@ -23,6 +23,7 @@ from prefect import task
 
 from models.backend import Sampling
 from models.config import ModelConfig
+from models.meter import record
 from models.registry import load_model
 from storage.checkpoints import newest_checkpoint
 from storage.query import scan
@@ -74,7 +75,7 @@ def rescore(store: Store, run_id: str, model: ModelConfig, cfg: RolloutConfig, r
                         seed=round_seed(cfg.seed, last) + RESCORE_SEED_OFFSET + 1000 * version)
     t0 = time.perf_counter()
     with progress_reporter(f"rescore v{version}: rollouts", prompts.height * cfg.group_size) as advance:
-        groups = backend.generate(rendered, cfg.group_size, sampling, progress=advance)
+        groups = record("rescore", backend.generate(rendered, cfg.group_size, sampling, progress=advance))
     seconds = time.perf_counter() - t0
     aug = json.dumps({"rescore": {"policy_version": version}})
     table = rollout_table(prompts, groups, rendered, [[aug] * len(g) for g in groups],

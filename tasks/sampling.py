@@ -16,6 +16,7 @@ from pydantic import Field
 
 from models.backend import Backend, Completion, Sampling
 from models.config import Section
+from models.meter import record
 from storage.rounds import prompts as prompt_table
 from storage.rounds import this_round
 from storage.store import Store, fault_point
@@ -110,7 +111,7 @@ def sample(backend: Backend, prompts: pl.DataFrame, demos: pl.DataFrame | None, 
             advance(k)
             fault_point("collect:mid")  # test hook: a fault test kills the process here, mid-collection
 
-        groups = backend.generate(rendered, cfg.group_size, sampling, progress=on_progress)
+        groups = record("rollout", backend.generate(rendered, cfg.group_size, sampling, progress=on_progress))
     seconds = time.perf_counter() - t0
     return Sampled(prompts, messages, augmentation, rendered, groups, verdicts(prompts, groups, reward_cfg),
                    seconds, sum(c.n_tokens for g in groups for c in g))

@@ -7,7 +7,11 @@ summary. `@stage("name")` turns it into the Prefect task the flow calls, as `nam
 - it opens the `Store` at `ctx.store`;
 - a stage whose commit record already exists returns `{"stage", "round", "skipped": "already landed"}`
   without running (resume is store-driven: docs/architecture.md);
-- the summary gains `stage`, `round` and `timing` (the stage's own compute time: `tasks.reporting.timed`).
+- the summary gains `stage`, `round` and `timing` (the stage's own compute time: `tasks.reporting.timed`);
+- what the stage generates (models/meter.py: rollouts, LoPE resamples, teacher answers, MCMC proposals,
+  evaluation samples) is counted and lands as `generated_tokens` rows in the stage's own commit (a rider on
+  the store: storage/store.py), so the counts are there exactly when the stage is; a stage killed before
+  its commit leaves neither, and its rerun counts what it generates again.
 
 Choices, and why:
 - `RoundContext` is a pydantic model, so Prefect records it as a task parameter like any config section
@@ -26,11 +30,13 @@ from collections.abc import Callable
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
 from prefect import task
 from pydantic import BaseModel, ConfigDict, Field
 
 from models.config import ModelConfig
 from models.memory import release_memory
+from models.meter import Meter, metering
 from storage.rounds import this_round
 from storage.store import Store
 from tasks.embed import release_embedder
@@ -65,6 +71,12 @@ def skipped(name: str, round: int | None) -> dict:
     return {"stage": name, "round": round, "skipped": "already landed"}
 
 
+def token_counts(meter: Meter, ctx: RoundContext, name: str) -> dict[str, pa.Table]:
+    """The `generated_tokens` rows of a stage's meter (none when it generated nothing)."""
+    rows = [{"run_id": ctx.run_id, "round": ctx.round, "stage": name, **r} for r in meter.rows()]
+    return {"generated_tokens": pa.Table.from_pylist(rows)} if rows else {}
+
+
 def stage(name: str, **task_options: Any) -> Callable[[Callable[..., dict]], Any]:
     """Make `fn(ctx, store, *sections) -> dict` the Prefect task `name` taking `(ctx, *sections)`."""
 
@@ -75,7 +87,9 @@ def stage(name: str, **task_options: Any) -> Callable[[Callable[..., dict]], Any
             if store.landed(ctx.run_id, ctx.round, name):
                 return skipped(name, ctx.round)
             try:
-                return {"stage": name, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
+                with metering() as meter:  # what the stage generates lands with its commit (models/meter.py)
+                    store.riders[(ctx.run_id, ctx.round, name)] = lambda: token_counts(meter, ctx, name)
+                    return {"stage": name, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
             finally:
                 release_embedder()
                 release_memory()  # what the stage freed goes back to the OS before the next stage's peak

@@ -1,5 +1,6 @@
 """`refinery eval --dataset FILE`: a checkpoint scored on a prompt file the run never saw, landing `evals` under
-split `dataset:<name>` and one `eval_results` row per prompt; bad files and name clashes refused in one line."""
+split `dataset:<name>` and one `eval_results` row per prompt; bad files and name clashes refused in one line.
+And the budget ledger: every stage that generates lands its `generated_tokens` with its commit."""
 
 import contextlib
 import io
@@ -34,8 +35,35 @@ def _write(path, rows):
     return str(path)
 
 
-def test_a_checkpoint_scored_on_a_prompt_file(prefect_api, store, tmp_path):
+@pytest.fixture(scope="module")
+def run(prefect_api, tmp_path_factory):
+    """One seeded 1-round scripted run (collect with LoPE, score, evaluate), shared by the tests here."""
     from flows.curriculum import curriculum
+    from storage.store import Store
+
+    store = Store(tmp_path_factory.mktemp("run") / "store")
+    cfg = load_config(sets=SETS, run_id="ds", store=store.root, rounds=1)
+    return store, cfg, curriculum(cfg)
+
+
+def test_each_stage_lands_what_it_generated(run):
+    store, cfg, out = run
+    rows = sql(store, "SELECT stage, purpose, calls, completions, tokens FROM generated_tokens WHERE run_id = 'ds' "
+                      "ORDER BY stage, purpose").to_pylist()
+    by = {(r["stage"], r["purpose"]): r for r in rows}
+    assert set(by) == {("collect", "rollout"), ("collect", "lope"), ("evaluate", "eval")}  # nothing else generates
+    n_rollouts = sql(store, "SELECT count(*) AS n FROM rollouts WHERE run_id = 'ds'").to_pylist()[0]["n"]
+    assert by["collect", "rollout"]["completions"] == n_rollouts and by["collect", "rollout"]["calls"] == 1
+    collect = next(s for s in out["stages"] if s["stage"] == "collect")
+    assert by["collect", "lope"]["completions"] == collect["lope"]["resamples"] > 0
+    assert by["collect", "rollout"]["tokens"] == collect["tokens"]
+    ev = sql(store, "SELECT sum(n_samples) AS n, sum(n_tokens) AS t FROM eval_results WHERE run_id = 'ds'").to_pylist()[0]
+    assert (by["evaluate", "eval"]["completions"], by["evaluate", "eval"]["tokens"]) == (ev["n"], ev["t"])
+    assert all(r["tokens"] > 0 for r in rows)
+
+
+def test_a_checkpoint_scored_on_a_prompt_file(run, tmp_path):
+    store, cfg, _ = run
     from models.backend import Sampling
     from models.registry import load_model
     from tasks.core.fewshot import ask
@@ -43,8 +71,6 @@ def test_a_checkpoint_scored_on_a_prompt_file(prefect_api, store, tmp_path):
     from tasks.core.verdicts import verdicts
     from tasks.evaluate import EvalConfig
 
-    cfg = load_config(sets=SETS, run_id="ds", store=store.root, rounds=1)
-    curriculum(cfg)
     path = _write(tmp_path / "arith.jsonl", [{"id": f"q{i}", "question": q, "answer": a}
                                             for i, (q, a) in enumerate(QUESTIONS)])
     code, out, err = _cli("eval", "--run-id", "ds", "--dataset", path, "--store", store.root)

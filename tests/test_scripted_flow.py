@@ -386,3 +386,31 @@ def test_heldout_pass_at_1_is_positive_and_recomputes(run, scripted):
     shares = [sum(verify(c.text, h["answer"], h["source"], h["text"], h["meta"]).correct for c in g) / 4
               for h, g in zip(held, out)]
     assert evals[0]["pass_at_1"] == pytest.approx(sum(shares) / len(shares))
+
+
+def test_the_budget_ledger_counts_every_generating_stage_per_round(run):
+    """generated_tokens: collect's rollouts and LoPE resamples, shape's MCMC proposals (one per movable trace
+    and step, at most), evaluate's samples; summed per round without evaluation, the training budget."""
+    store, out = run
+    rows = q(store, f"SELECT round, stage, purpose, calls, completions, tokens FROM generated_tokens "
+                    f"WHERE run_id = '{RUN}'")
+    assert {(r["stage"], r["purpose"]) for r in rows} <= {("collect", "rollout"), ("collect", "lope"),
+                                                         ("refine", "teacher"), ("shape", "teacher"),
+                                                         ("shape", "mcmc"), ("evaluate", "eval")}
+    for rnd in range(3):
+        mine = {(r["stage"], r["purpose"]): r for r in rows if r["round"] == rnd}
+        n = q(store, f"SELECT count(*) AS n, sum(n_tokens) AS t FROM rollouts WHERE run_id = '{RUN}' "
+                     f"AND round = {rnd}")[0]
+        assert mine["collect", "rollout"]["completions"] == n["n"]
+        assert mine["evaluate", "eval"]["tokens"] == q(store, f"SELECT sum(n_tokens) AS t FROM eval_results "
+                                                             f"WHERE run_id = '{RUN}' AND round = {rnd}")[0]["t"]
+        traces = q(store, f"SELECT count(*) AS n, max(steps) AS s FROM shaped_traces WHERE run_id = '{RUN}' "
+                          f"AND round = {rnd}")[0]
+        if traces["n"]:
+            assert 0 < mine["shape", "mcmc"]["completions"] <= traces["n"] * traces["s"]
+            assert mine["shape", "mcmc"]["calls"] <= traces["s"]
+    budget = q(store, f"""SELECT round, sum(tokens) OVER (ORDER BY round) AS cumulative FROM (
+                            SELECT round, sum(tokens) AS tokens FROM generated_tokens
+                            WHERE run_id = '{RUN}' AND purpose <> 'eval' GROUP BY round) ORDER BY round""")
+    assert [b["round"] for b in budget] == [0, 1, 2]
+    assert budget[0]["cumulative"] < budget[1]["cumulative"] < budget[2]["cumulative"]

@@ -25,6 +25,7 @@ from typing import Any
 
 from models.backend import Backend, Completion, Sampling
 from models.lorem import LOREM
+from models.meter import record
 
 RATIO_FLOOR = 0.1  # rho / (rho + 0.1)
 
@@ -104,8 +105,8 @@ def lope_rescue(backend: Backend, messages: list[list[dict]], correct: list[list
     prefixes = lorem_prefixes(n_prefixes, sampling.seed)
     jobs = [(i, p) for i in failed for p in range(n_prefixes)]
     rendered = [backend.render([{"role": "system", "content": prefixes[p]}, *messages[i]]) for i, p in jobs]
-    out = backend.generate(rendered, per_prefix, Sampling(sampling.temperature, sampling.top_p,
-                                                         sampling.max_new_tokens, sampling.seed + 7919))
+    out = record("lope", backend.generate(rendered, per_prefix, Sampling(sampling.temperature, sampling.top_p,
+                                                                        sampling.max_new_tokens, sampling.seed + 7919)))
     stats.groups, stats.resamples = len(failed), len(jobs) * per_prefix
     behaviour = {job: text for job, text in zip(jobs, rendered)}
     wins: dict[int, list[tuple[int, Completion]]] = {}

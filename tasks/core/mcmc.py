@@ -41,6 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from models.backend import Sampling, TokenBackend
+from models.meter import record
 from tasks.core.ids import RNG_HEX, seed_of
 
 CONTINUE = "Continue this partial answer in your own words."
@@ -115,9 +116,9 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
                if variant != "mh" or proposable(t.ids[i:], eos_ids, max_new_tokens)]
     for k in set(range(len(traces))) - set(movable):
         traces[k].rejected_irreversible += 1
-    out = backend.generate_ids([traces[k].context_ids + traces[k].ids[:cuts[k]] for k in movable], 1,
-                               Sampling(1.0, 1.0, max_new_tokens, step),  # T = 1: kappa samples pi_ref itself
-                               row_seeds=[seeds[k] for k in movable]) if movable else []
+    out = record("mcmc", backend.generate_ids([traces[k].context_ids + traces[k].ids[:cuts[k]] for k in movable], 1,
+                                              Sampling(1.0, 1.0, max_new_tokens, step),  # T = 1: kappa samples pi_ref
+                                              row_seeds=[seeds[k] for k in movable])) if movable else []
     news: list[tuple[list[int], list[int]] | None] = [None] * len(traces)
     for k, g in zip(movable, out):
         t, i, c = traces[k], cuts[k], g[0]

@@ -24,6 +24,7 @@ from typing import Protocol, runtime_checkable
 import pyarrow as pa
 
 from models.backend import Backend, Sampling
+from models.meter import record
 from storage.query import scan
 from storage.store import Store
 from tasks.core.ids import KEY_HEX, digest, seed_of
@@ -89,7 +90,8 @@ def ask_teacher(store: Store, teacher: Teacher, payloads: dict[str, str], cache:
         step = max(1, int(getattr(teacher, "batch_size", 0) or len(missing)))
         for i in range(0, len(missing), step):
             batch = missing[i : i + step]
-            groups = teacher.generate([teacher.render(messages(k)) for k in batch], 1, sampling(batch))
+            groups = record("teacher", teacher.generate([teacher.render(messages(k)) for k in batch], 1,
+                                                         sampling(batch)))
             landing.returned += [(k, g[0].text.strip()) for k, g in zip(batch, groups)]  # a batch lands whole
             landing.land()
     landing.land()

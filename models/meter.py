@@ -1,0 +1,62 @@
+"""Counting generated tokens, by purpose, for compute-matched comparisons (docs/algorithms.md, budget).
+
+Every place that asks a backend to generate calls `record(purpose, groups)` with what came back: `rollout`
+(collect's groups, DAPO's discarded ones included), `lope` (LoPE's resamples), `teacher` (refine's and shape's
+teacher requests; answers served from the teacher cache cost nothing and count nothing), `mcmc` (shaping's
+proposals), `eval` and `rescore`. A completion counts its generated token ids (`Completion.n_tokens`), end of
+sequence included, prompts never. `metering()` opens a scope (a context variable, so a stage's meter sees
+only its own calls, in whatever thread the stage runs); outside any scope `record` does nothing. The stage
+wrapper (tasks/stage.py) lands each stage's counts in `generated_tokens`, in the stage's own commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+PURPOSES = ("rollout", "lope", "teacher", "mcmc", "eval", "rescore")
+
+
+@dataclass
+class Meter:
+    """Calls, completions and generated tokens per purpose."""
+
+    counts: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, purpose: str, groups: Iterable[Iterable]) -> None:
+        if purpose not in PURPOSES:
+            raise ValueError(f"unknown generation purpose {purpose!r}: use one of {', '.join(PURPOSES)}")
+        c = self.counts.setdefault(purpose, [0, 0, 0])
+        c[0] += 1
+        for group in groups:
+            for completion in group:
+                c[1] += 1
+                c[2] += completion.n_tokens
+
+    def rows(self) -> list[dict]:
+        return [{"purpose": p, "calls": c[0], "completions": c[1], "tokens": c[2]}
+                for p, c in sorted(self.counts.items())]
+
+
+_METER: ContextVar[Meter | None] = ContextVar("refinery_meter", default=None)
+
+
+@contextmanager
+def metering() -> Iterator[Meter]:
+    """A fresh meter for the calls made inside the block (nested blocks count apart)."""
+    meter = Meter()
+    token = _METER.set(meter)
+    try:
+        yield meter
+    finally:
+        _METER.reset(token)
+
+
+def record(purpose: str, groups: list) -> list:
+    """Count `groups` (lists of Completions) under `purpose` on the active meter; returns `groups`."""
+    meter = _METER.get()
+    if meter is not None:
+        meter.add(purpose, groups)
+    return groups
