@@ -11,20 +11,27 @@ Choices, and why:
   also scores version 0, so the eval curve starts at the base model).
 - Each round ends with the report stage (plots and an HTML page under <store>/_reports/run_id=<run>/, redrawn
   from the store) and publishes Prefect artifacts: a keyed table per round and a markdown summary.
+- `max_generated_tokens` (a token budget, for comparisons at equal compute): before each round the flow sums
+  the run's `generated_tokens` of the earlier rounds (evaluation excluded) and stops once they reach it; the
+  round that crosses the budget runs to its end, so a run overshoots by less than one round. The run is then
+  `completed` with the reason in `runs.reason`; raising the budget (or `rounds`) and resuming continues.
 - Selection (k-means over prompt embeddings, weighted by last round's EPS) picks each round's batch from
   the active pool; selector 'all' collects the whole pool instead.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
+import polars as pl
 from prefect import flow
 
 from flows.config import RunConfig, placed
 from flows.errors import reason as failure_reason
 from flows.preflight import validate_for_run
 from models.checkpoints import policy_for_round
+from storage.query import scan
 from storage.runs import mark, run_lock, stored_config
 from storage.store import Store
 from tasks.evaluate import evaluate_task
@@ -38,13 +45,15 @@ from tasks.shape import shape_task
 from tasks.stage import RoundContext
 from tasks.train import train_task
 
+log = logging.getLogger(__name__)
+
 # Fields (dotted paths) a resumed run may change: none changes what already landed or makes it wrong. The
 # teacher and how it is reached (timeouts, retries, concurrency) only decide how later stages ask it, and
 # teacher answers are keyed by the teacher's name, so a new teacher never reuses the old one's answers;
 # model.batch_size only decides how many sequences decode together, and train.shared_prefix, micro_batch and
 # micro_tokens only how the same loss is computed and split into passes (equal to float tolerance). A change is
 # recorded on the resumed row.
-_RESUMABLE = {"rounds", "run_id", "store", "model.batch_size", "refine.teacher", "refine.teacher_timeout_s",
+_RESUMABLE = {"rounds", "max_generated_tokens", "run_id", "store", "model.batch_size", "refine.teacher", "refine.teacher_timeout_s",
               "refine.teacher_retries", "refine.teacher_backoff_s", "refine.teacher_concurrency",
               "train.shared_prefix", "train.micro_batch", "train.micro_tokens"}
 _UNRECORDED = {"run_id", "store"}  # where the run lives, not how it runs
@@ -101,10 +110,17 @@ def _rounds(config: RunConfig, store: Store) -> dict:
     changes = _check_resume(config, previous) if previous is not None else None
     status = mark(store, config.run_id, "running", config.model_dump(mode="json"), reason=changes)
     stages: list[dict] = []
+    budget = None
     t0 = time.perf_counter()
     try:
         base = config.model.policy
         for r in range(config.rounds):
+            spent = generated_tokens(store, config.run_id, before_round=r)
+            if config.max_generated_tokens is not None and spent >= config.max_generated_tokens:
+                budget = (f"token budget reached: {spent} generated tokens in rounds 0-{r - 1} >= "
+                          f"max_generated_tokens {config.max_generated_tokens}; stopped before round {r}")
+                log.info(budget)
+                break
             first = len(stages)
             version, spec = policy_for_round(store, config.run_id, r, base)
             ctx = RoundContext(store=store.uri, run_id=config.run_id, round=r, policy_version=version, base=base,
@@ -131,6 +147,14 @@ def _rounds(config: RunConfig, store: Store) -> dict:
     except BaseException as e:
         mark(store, config.run_id, "failed", config.model_dump(mode="json"), reason=failure_reason(e))
         raise
-    mark(store, config.run_id, "completed", config.model_dump(mode="json"))
+    mark(store, config.run_id, "completed", config.model_dump(mode="json"), reason=budget)
     return {"run_id": config.run_id, "store": store.uri, "started_as": status, "stages": stages,
-            "seconds": time.perf_counter() - t0}
+            "seconds": time.perf_counter() - t0, **({"stopped": budget} if budget else {})}
+
+
+def generated_tokens(store: Store, run_id: str, before_round: int) -> int:
+    """The run's generated tokens in rounds before `before_round`, evaluation excluded (generated_tokens)."""
+    rows = (scan(store, "generated_tokens")
+            .filter((pl.col("run_id") == run_id) & (pl.col("round") < before_round) & (pl.col("purpose") != "eval"))
+            .select(pl.col("tokens").sum()).collect())
+    return int(rows.item() or 0)

@@ -92,6 +92,10 @@ def print_summary(out: dict) -> None:
     if reports:
         print(f"report: {reports[-1]} (redraw it with: refinery report {run})")
     how = "resumed" if out["started_as"] == "resumed" else "new run"
+    spent = sql(store, f"SELECT coalesce(sum(tokens), 0) AS t FROM generated_tokens WHERE run_id = '{run}' "
+                       "AND purpose <> 'eval'").to_pylist()[0]["t"]
+    print(f"run {run}: {spent} generated tokens, evaluation apart (generated_tokens)"
+          + (f"; {out['stopped']}" if out.get("stopped") else ""))
     print(f"run {run} ({how}) finished in {out['seconds']:.0f} s; store: {store.uri}")
     print(f"try: {try_command(store.uri, run)}")
 

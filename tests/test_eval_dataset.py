@@ -123,3 +123,24 @@ def test_a_checkpoint_scored_on_a_prompt_file(run, tmp_path):
         code, _, err = _cli("eval", "--run-id", "ds", *args, "--store", store.root)
         assert code == 1 and problem in err and err.count("\n") == 1, err
     assert sql(store, "SELECT count(*) AS n FROM prompts").to_pylist() == before
+
+
+def test_a_token_budget_stops_the_run_and_a_larger_one_resumes_it(prefect_api, store):
+    from flows.curriculum import curriculum
+
+    sets = [*SETS, "eval.enabled=false"]
+    out = curriculum(load_config(sets=[*sets, "max_generated_tokens=1"], run_id="b", store=store.root, rounds=3))
+    assert {s["round"] for s in out["stages"]} == {0}
+    spent = sql(store, "SELECT sum(tokens) AS t FROM generated_tokens WHERE run_id = 'b'").to_pylist()[0]["t"]
+    assert out["stopped"] == (f"token budget reached: {spent} generated tokens in rounds 0-0 >= "
+                              "max_generated_tokens 1; stopped before round 1")
+    (last,) = sql(store, "SELECT status, reason FROM runs WHERE run_id = 'b' ORDER BY created_at DESC LIMIT 1"
+                  ).to_pylist()
+    assert last == {"status": "completed", "reason": out["stopped"]}
+    # a budget that round 1 crosses: rounds 0 (landed) and 1 run, round 2 does not start
+    out = curriculum(load_config(sets=[*sets, f"max_generated_tokens={spent + 1}"], run_id="b", store=store.root,
+                                 rounds=3))
+    collected = {s["round"] for s in out["stages"] if s.get("stage") == "collect" and "skipped" not in s}
+    assert collected == {1} and "stopped before round 2" in out["stopped"]
+    assert sql(store, "SELECT DISTINCT round FROM rollouts WHERE run_id = 'b' ORDER BY 1").to_pylist() == [
+        {"round": 0}, {"round": 1}]
