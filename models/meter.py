@@ -1,8 +1,9 @@
 """Counting generated tokens, by purpose, for compute-matched comparisons (docs/algorithms.md, budget).
 
 Every place that asks a backend to generate calls `record(purpose, groups)` with what came back: `rollout`
-(collect's groups, DAPO's discarded ones included), `lope` (LoPE's resamples), `teacher` (refine's and shape's
-teacher requests; answers served from the teacher cache cost nothing and count nothing), `mcmc` (shaping's
+(collect's groups, DAPO's discarded ones included), `lope` (LoPE's resamples), `teacher` (every answer refine
+and shape use, fresh or from the store's teacher cache, by the tokens stored with it:
+tasks/strategies/teacher_calls.py), `mcmc` (shaping's
 proposals), `eval` and `rescore`. A completion counts its generated token ids (`Completion.n_tokens`), end of
 sequence included, prompts never. `metering()` opens a scope (a context variable, so a stage's meter sees
 only its own calls, in whatever thread the stage runs); outside any scope `record` does nothing. The stage
@@ -35,6 +36,12 @@ class Meter:
                 c[1] += 1
                 c[2] += completion.n_tokens
 
+    def add_counts(self, purpose: str, calls: int, completions: int, tokens: int) -> None:
+        if purpose not in PURPOSES:
+            raise ValueError(f"unknown generation purpose {purpose!r}: use one of {', '.join(PURPOSES)}")
+        c = self.counts.setdefault(purpose, [0, 0, 0])
+        c[0], c[1], c[2] = c[0] + calls, c[1] + completions, c[2] + tokens
+
     def rows(self) -> list[dict]:
         return [{"purpose": p, "calls": c[0], "completions": c[1], "tokens": c[2]}
                 for p, c in sorted(self.counts.items())]
@@ -60,3 +67,10 @@ def record(purpose: str, groups: list) -> list:
     if meter is not None:
         meter.add(purpose, groups)
     return groups
+
+
+def meter_counts(purpose: str, calls: int, completions: int, tokens: int) -> None:
+    """Count already-known totals under `purpose` on the active meter (the teacher's cached answers)."""
+    meter = _METER.get()
+    if meter is not None and completions:
+        meter.add_counts(purpose, calls, completions, tokens)

@@ -100,6 +100,13 @@ def scan(store: Store, table: str) -> pl.LazyFrame:
 
 
 
+def table_rows_with_schema(store: Store, table: str, columns: list[str]) -> pl.DataFrame:
+    """`columns` of `table`'s landed rows, read with the table's schema: a column added after some files were
+    written reads as null there (scan's polars reader takes its columns from the first file)."""
+    data = _dataset(store, table)
+    return pl.from_arrow(data.select(columns) if isinstance(data, pa.Table) else data.to_table(columns=columns))
+
+
 # ---- layer 2: a connection that can read the landed data and nothing else ---------------------------------
 
 def _dataset(store: Store, table: str, records: list[dict] | None = None,

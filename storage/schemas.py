@@ -183,6 +183,7 @@ TABLES: dict[str, pa.Schema] = {
         _f("teacher", pa.string()),
         _f("response", pa.string()),
         _f("created_at", TS),
+        _f("n_tokens", pa.int64(), True),  # tokens the teacher generated; null: an endpoint's, or written before
     ]),
     # Selection's cache and state (docs/algorithms.md §4): one vector per (prompt, embedder), and each round's
     # k-means centroids, from which the next round warm-starts.

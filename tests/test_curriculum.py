@@ -215,6 +215,10 @@ def test_sigkill_mid_stage_then_resume(prefect_api, uninterrupted, tmp_path, poi
     statuses = sql(store, "SELECT status, reason FROM runs WHERE run_id = 'crash' ORDER BY created_at").to_pylist()
     assert [s["status"] for s in statuses] == ["running", "failed", "resumed", "completed"]
     assert f"(pid {proc.pid} on " in statuses[1]["reason"]  # the dead holder, found by the resuming process
+    # the budget ledger counts what an uninterrupted run counts: a resumed stage generates its work again, and
+    # teacher answers a killed attempt already landed count from the cache (tasks/strategies/teacher_calls.py)
+    ledger = "SELECT round, stage, purpose, calls, completions, tokens FROM generated_tokens ORDER BY ALL"
+    assert sql(store, ledger) == sql(uninterrupted, ledger)
     if stage == "collect":  # the resumed round resampled with the same seed
         got = sql(store, "SELECT round, prompt_id, sample_idx, completion FROM rollouts ORDER BY ALL")
         assert got == sql(uninterrupted, "SELECT round, prompt_id, sample_idx, completion FROM rollouts ORDER BY ALL")

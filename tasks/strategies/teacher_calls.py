@@ -12,6 +12,11 @@ Choices, and why:
   and a rerun never pays twice.
 - A failed call is not cached: a later stage or run asks again.
 - Each batch is sampled with a seed drawn from the keys asked together, so a rerun asks exactly the same.
+- The budget (models/meter.py, purpose `teacher`) counts every answer a call uses, from the cache or fresh,
+  by the tokens stored with it (`n_tokens`): an answer is part of what the method costs whether this process,
+  a killed attempt of it, or another run on the store generated it, so a resumed stage and an arm that
+  shares the store's cache count what an uninterrupted, lone run counts. An endpoint's answers carry no
+  token ids and count 0 tokens (a call and a completion each).
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
+import polars as pl
 import pyarrow as pa
 
 from models.backend import Backend, Sampling
-from models.meter import record
+from models.meter import meter_counts
 from storage.query import scan
 from storage.store import Store
 from tasks.core.ids import KEY_HEX, digest, seed_of
@@ -66,15 +72,38 @@ def ask_teacher(store: Store, teacher: Teacher, payloads: dict[str, str], cache:
     missing = [k for k in payloads if k not in cache]
     fresh: set[str] = set()
     failed: dict[str, str] = {}
-    if not missing:
-        return fresh, failed
     landing = Landing(store, teacher.name, cache, fresh)
+    try:
+        if missing:
+            _ask(teacher, payloads, missing, landing, failed, max_new_tokens, temperature)
+    finally:
+        landing.land()
+        used = [k for k in payloads if k in cache]
+        tokens = teacher_tokens(store, used)
+        meter_counts("teacher", calls=1 if used else 0, completions=len(used), tokens=sum(tokens.values()))
+    return fresh, failed
+
+
+def teacher_tokens(store: Store, keys: list[str]) -> dict[str, int]:
+    """Generated tokens of the stored answers to `keys` (0 where none was recorded)."""
+    if not keys:
+        return {}
+    from storage.query import table_rows_with_schema
+
+    rows = table_rows_with_schema(store, "teacher_calls", ["key", "n_tokens"])
+    rows = rows.filter(pl.col("key").is_in(keys)).unique("key")
+    got = dict(zip(rows["key"].to_list(), rows["n_tokens"].fill_null(0).to_list()))
+    return {k: int(got.get(k, 0)) for k in keys}
+
+
+def _ask(teacher: Teacher, payloads: dict[str, str], missing: list[str], landing: Landing, failed: dict[str, str],
+         max_new_tokens: int, temperature: float) -> None:
 
     def on_answer(key: str, text: str | None, error: str | None) -> None:
         if error is not None:
             failed[key] = error
         else:
-            landing.returned.append((key, text.strip()))
+            landing.returned.append((key, text.strip(), None))
         if time.monotonic() - landing.last >= LAND_EVERY_S:
             landing.land()
 
@@ -90,12 +119,10 @@ def ask_teacher(store: Store, teacher: Teacher, payloads: dict[str, str], cache:
         step = max(1, int(getattr(teacher, "batch_size", 0) or len(missing)))
         for i in range(0, len(missing), step):
             batch = missing[i : i + step]
-            groups = record("teacher", teacher.generate([teacher.render(messages(k)) for k in batch], 1,
-                                                         sampling(batch)))
-            landing.returned += [(k, g[0].text.strip()) for k, g in zip(batch, groups)]  # a batch lands whole
+            groups = teacher.generate([teacher.render(messages(k)) for k in batch], 1, sampling(batch))
+            landing.returned += [(k, g[0].text.strip(), g[0].n_tokens)  # a batch lands whole
+                                 for k, g in zip(batch, groups)]
             landing.land()
-    landing.land()
-    return fresh, failed
 
 
 class Landing:
@@ -103,17 +130,18 @@ class Landing:
 
     def __init__(self, store: Store, teacher: str, cache: dict[str, str], fresh: set[str]):
         self.store, self.teacher, self.cache, self.fresh = store, teacher, cache, fresh
-        self.returned: list[tuple[str, str]] = []
+        self.returned: list[tuple[str, str, int | None]] = []  # (key, answer, generated tokens)
         self.last = time.monotonic()
 
     def land(self) -> None:
         """Commit the returned answers to `teacher_calls` (one commit), and note them in the cache."""
         if self.returned:
-            keys = [k for k, _ in self.returned]
+            keys = [k for k, _, _ in self.returned]
             self.store.commit(f"teacher-{digest(''.join(keys))}", {"teacher_calls": pa.table({
-                "key": keys, "teacher": [self.teacher] * len(keys), "response": [r for _, r in self.returned],
-                "created_at": [datetime.now(UTC)] * len(keys)})})
-            self.cache.update(self.returned)
+                "key": keys, "teacher": [self.teacher] * len(keys), "response": [r for _, r, _ in self.returned],
+                "created_at": [datetime.now(UTC)] * len(keys),
+                "n_tokens": pa.array([n for _, _, n in self.returned], pa.int64())})})
+            self.cache.update((k, r) for k, r, _ in self.returned)
             self.fresh.update(keys)
             self.returned.clear()
         self.last = time.monotonic()
