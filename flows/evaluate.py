@@ -10,7 +10,8 @@ Its rows are validated as ingest validates them (any bad row: nothing lands, one
 `prompts` like any ingest, with `source` = the dataset's name, so `eval_results` rows join to their text. The
 name (`dataset_name`, default the file's stem) is the split, `dataset:<name>`; the stage is
 `eval-v<version>-<name>-<content digest>`, so the same file evaluated again reports what landed, and another
-file under a name that already has results for that checkpoint is refused instead of mixed in.
+file under a name that already has results in that run (any checkpoint) is refused before anything lands,
+instead of being mixed in.
 """
 
 from __future__ import annotations
@@ -29,23 +30,28 @@ def latest_run(store: Store) -> str:
     return runs.sort("created_at")["run_id"][-1]
 
 
-def dataset_prompts(s: Store, path: str, name: str | None) -> tuple[str, str, pl.DataFrame]:
-    """(name, content digest, prompts frame) of a prompt file, its new prompts landed in `prompts`."""
+MAX_DATASET_NAME = 100  # the stage name eval-v<version>-<name>-<8 hex> stays within the store's 128 characters
+
+
+def dataset_prompts(s: Store, path: str, name: str | None) -> tuple[str, str, pl.DataFrame, list]:
+    """(name, content digest, prompts frame, source rows) of a prompt file; nothing lands here."""
     from pathlib import Path
 
     from storage.store import check_name
     from tasks.core.ids import digest
-    from tasks.ingest import IngestRejected, commit_prompts, load_source
+    from tasks.ingest import IngestRejected, load_source
 
     name = name or Path(path).stem
     try:
         check_name("dataset name", name)
     except ValueError as e:
         raise ValueError(f"{e} (pass --dataset-name)") from None
+    if len(name) > MAX_DATASET_NAME:
+        raise ValueError(f"dataset name {name[:20]!r}... is {len(name)} characters: use at most "
+                         f"{MAX_DATASET_NAME} (pass --dataset-name)")
     rows, bad = load_source(path, source_name=name)
     if bad:
         raise IngestRejected(path, bad)
-    commit_prompts(s, rows)
     ids = list(dict.fromkeys(r.prompt_id for r in rows))  # file order, duplicates once
     frame = pl.DataFrame({"prompt_id": [r.prompt_id for r in rows], "text": [r.text for r in rows],
                           "answer": [r.answer for r in rows], "source": [r.source for r in rows],
@@ -53,7 +59,7 @@ def dataset_prompts(s: Store, path: str, name: str | None) -> tuple[str, str, pl
                                                                    "answer": pl.String, "source": pl.String,
                                                                    "meta": pl.String})
     frame = frame.unique("prompt_id", keep="first").sort("prompt_id")
-    return name, digest("\x1f".join(sorted(ids)))[:8], frame
+    return name, digest("\x1f".join(sorted(ids)))[:8], frame, rows
 
 
 @flow(name="evaluate", validate_parameters=True)
@@ -85,15 +91,20 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
     r = row.row(0, named=True)
     stage, split, prompts = f"eval-v{checkpoint}", "heldout", None
     if dataset is not None:
-        name, content, prompts = dataset_prompts(s, dataset, dataset_name)
+        from tasks.ingest import commit_prompts
+
+        name, content, prompts, rows = dataset_prompts(s, dataset, dataset_name)
         stage, split = f"eval-v{checkpoint}-{name}-{content}", f"dataset:{name}"
+        seen = (scan(s, "eval_results").filter((pl.col("run_id") == run_id) & (pl.col("split") == split))
+                .select("prompt_id").unique().collect())
+        if seen.height and set(seen["prompt_id"]) != set(prompts["prompt_id"]):  # one name, one file, per run
+            raise ValueError(f"run {run_id} already has results for a different file named {name!r}; pass "
+                             "another --dataset-name")
+        commit_prompts(s, rows)  # only now: a refused file lands nothing
     mine = (pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint)
     if s.landed(run_id, r["round"], stage):
         out = skipped(stage, r["round"])
     else:
-        if dataset is not None and scan(s, "evals").filter(mine & (pl.col("split") == split)).collect().height:
-            raise ValueError(f"run {run_id} v{checkpoint} already has results for a different file named "
-                             f"{split.removeprefix('dataset:')!r}; pass another --dataset-name")
         ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,
                            base=config.model.policy, rounds=config.rounds, model=config.model)
         out = evaluate_versions(s, ctx, [(checkpoint, r["path"])], config.eval, config.rollout, config.reward,

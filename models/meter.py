@@ -1,13 +1,13 @@
 """Counting generated tokens, by purpose, for compute-matched comparisons (docs/algorithms.md, budget).
 
 Every place that asks a backend to generate calls `record(purpose, groups)` with what came back: `rollout`
-(collect's groups, DAPO's discarded ones included), `lope` (LoPE's resamples), `teacher` (every answer refine
-and shape use, fresh or from the store's teacher cache, by the tokens stored with it:
-tasks/strategies/teacher_calls.py), `mcmc` (shaping's
-proposals), `eval` and `rescore`. A completion counts its generated token ids (`Completion.n_tokens`), end of
-sequence included, prompts never. `metering()` opens a scope (a context variable, so a stage's meter sees
-only its own calls, in whatever thread the stage runs); outside any scope `record` does nothing. The stage
-wrapper (tasks/stage.py) lands each stage's counts in `generated_tokens`, in the stage's own commit.
+(collect's groups, DAPO's discarded ones included), `lope` (LoPE's resamples), `mcmc` (shaping's proposals),
+`eval` and `rescore`; `teacher` counts every answer refine and shape use, fresh or from the store's teacher
+cache, by the tokens stored with it (tasks/strategies/teacher_calls.py, `meter_counts`). A completion counts
+the token ids its backend reports (`Completion.n_tokens`), never the prompt. `metering()` opens a scope (a
+context variable, so a stage's meter sees only its own calls, in the thread the stage runs in); outside any
+scope `record` does nothing. The stage wrapper (tasks/stage.py) lands each stage's counts in
+`generated_tokens`, in the stage's own commit; the rescore flow and `refinery eval` open no meter.
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int,
             pk.append(pass_at_k(len(group), c, cfg.k))
             per_prompt.append({"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": split,
                                "prompt_id": pid, "n_samples": len(group), "n_correct": c,
-                               "n_tokens": sum(len(s.token_ids) for s in group)})
+                               "n_tokens": sum(s.n_tokens for s in group)})
         rows.append({"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": split,
                      "n_prompts": prompts.height, "k": cfg.k, "pass_at_1": sum(p1) / len(p1),
                      "pass_at_k": sum(pk) / len(pk)})

@@ -93,3 +93,16 @@ def round_ctx(store, run_id: str, round: int = 0, **fields):
     from tasks.stage import RoundContext
 
     return RoundContext(store=store.uri, run_id=run_id, round=round, **fields)
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """`refinery ARGS` in this process: (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from flows.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()

@@ -2,11 +2,10 @@
 split `dataset:<name>` and one `eval_results` row per prompt; bad files and name clashes refused in one line.
 And the budget ledger: every stage that generates lands its `generated_tokens` with its commit."""
 
-import contextlib
-import io
 import json
 
 import pytest
+from conftest import run_cli as _cli
 from test_curriculum import TINY
 
 from flows.config import load_config
@@ -19,15 +18,6 @@ SETS = [s for s in TINY if not s.startswith("rollout.max_new_tokens")] + [
     "train.enabled=false", "eval.n_samples=8", "eval.k=4"]
 QUESTIONS = [("What is 3 + 4?", "7"), ("What is 6 * 7?", "42"), ("What is 9 - 12?", "-3"),
              ("What is 8 * 8 + 1?", "65"), ("Name a colour.", "blue")]  # the last has no expression: never solved
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    from flows.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 
 def _write(path, rows):
@@ -110,6 +100,7 @@ def test_a_checkpoint_scored_on_a_prompt_file(run, tmp_path):
     other = _write(tmp_path / "b" / "arith.jsonl", [{"question": "What is 2 + 2?", "answer": "4"}])
     code, _, err = _cli("eval", "--run-id", "ds", "--dataset", other, "--store", store.root)
     assert code == 1 and "already has results for a different file named 'arith'" in err and err.count("\n") == 1
+    assert sql(store, "SELECT count(*) AS n FROM prompts WHERE text = 'What is 2 + 2?'").to_pylist() == [{"n": 0}]
     code, out, err = _cli("eval", "--run-id", "ds", "--dataset", other, "--dataset-name", "twos",
                           "--store", store.root)
     assert code == 0 and "dataset:twos, 1 prompts" in out, err
@@ -119,7 +110,8 @@ def test_a_checkpoint_scored_on_a_prompt_file(run, tmp_path):
     bad = _write(tmp_path / "bad.jsonl", [{"question": "What is 1 + 1?"}, {"question": "x", "answer": "1"}])
     for args, problem in [(["--dataset", bad], "bad.jsonl: rejected, 1 bad row(s), nothing written: bad.jsonl line 1"),
                           (["--dataset", str(tmp_path / "missing.jsonl")], "missing.jsonl: no such file"),
-                          (["--dataset", path, "--dataset-name", "../etc"], "dataset name '../etc' is not valid")]:
+                          (["--dataset", path, "--dataset-name", "../etc"], "dataset name '../etc' is not valid"),
+                          (["--dataset", path, "--dataset-name", "n" * 101], "is 101 characters: use at most 100")]:
         code, _, err = _cli("eval", "--run-id", "ds", *args, "--store", store.root)
         assert code == 1 and problem in err and err.count("\n") == 1, err
     assert sql(store, "SELECT count(*) AS n FROM prompts").to_pylist() == before

@@ -1,14 +1,13 @@
 """The rescore flow: a completed run's reserve pool re-sampled with its newest checkpoint, and the next round's
 pool following the new scores."""
 
-import contextlib
-import io
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import run_cli as _cli  # noqa: E402
 from test_curriculum import TINY  # noqa: E402
 
 from flows.config import load_config  # noqa: E402
@@ -24,15 +23,6 @@ SETS = [s for s in TINY if not s.startswith(("rollout.include_reserve", "rollout
     "select.batch_size=16",
     'pool.sources=[{"source": "rg:products", "size": 8, "params": {"max_digits": 1}}, '
     '{"source": "rg:chain_sum", "size": 8, "params": {"max_terms": 2, "max_digits": 1}}]']
-
-
-def _cli(*args: str) -> tuple[int, str, str]:
-    from flows.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(args))
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_rescore_reserve_then_the_next_round_follows_it(prefect_api, store):
