@@ -19,7 +19,7 @@ import argparse
 import os
 import sys
 
-from flows.commands import CliError, cmd_eval, cmd_ingest, cmd_report, cmd_rescore, cmd_run, cmd_serve
+from flows.commands import CliError, cmd_compare, cmd_eval, cmd_ingest, cmd_report, cmd_rescore, cmd_run, cmd_serve
 from flows.read_commands import cmd_catalog, cmd_lineage, cmd_sql
 from flows.run_summary import print_summary, try_command
 
@@ -57,6 +57,21 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rounds", type=int, default=None)
     r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a field")
     r.set_defaults(func=cmd_run)
+
+    cp = sub.add_parser("compare", parents=[common], help="arms side by side: one run per (arm, seed) on the "
+                        "same pool and held-out split, paired seeds (flows/compare.py)")
+    cp.add_argument("--arms", default="uniform,dapo_filter,eps_kmeans,refinery",
+                    help="comma-separated arm names (built in: uniform, dapo_filter, eps, eps_kmeans, refinery, "
+                    "no_refine, no_shape, no_fewshot, no_lope)")
+    cp.add_argument("--seeds", type=int, default=3, help="paired seeds 0..N-1 per arm (default 3)")
+    cp.add_argument("--prefix", default="cmp", help="run ids are <prefix>-<arm>-s<seed> (default cmp)")
+    cp.add_argument("--rounds", type=int, default=None)
+    cp.add_argument("--config", default=None, help="a TOML config file shared by every arm")
+    cp.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="an override shared by every arm (e.g. max_generated_tokens=200000)")
+    cp.add_argument("--arm", action="append", default=[], metavar="NAME:SECTION.KEY=VALUE",
+                    help="define or extend arm NAME with one override (repeat for more)")
+    cp.set_defaults(func=cmd_compare)
 
     i = sub.add_parser("ingest", parents=[common], help="validate and load prompts from a source")
     i.add_argument("source", help="rg:<reasoning-gym task> or a .jsonl/.parquet file")

@@ -159,6 +159,30 @@ def cmd_report(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(a: argparse.Namespace) -> int:
+    from flows.compare import ARMS, compare
+
+    extra: dict[str, list[str]] = {}
+    for item in a.arm:
+        name, sep, override = item.partition(":")
+        if not sep or not name or "=" not in override:
+            raise CliError(f"--arm {item!r}: expected NAME:section.key=value")
+        extra.setdefault(name, list(ARMS.get(name, []))).append(override)
+    shared = list(a.set)
+    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+    prepare_prefect(a.store, a.verbose)
+
+    def started(r) -> None:
+        print(f"compare: {r.run_id} (arm {r.arm}, seed {r.seed})", flush=True)
+
+    out = compare(arms, a.seeds, a.prefix, shared, extra, a.rounds, a.store, a.config, on_run=started)
+    for run in out:
+        res = run["result"]
+        print(f"compare: {run['run_id']} done in {res['seconds']:.0f} s"
+              + (f"; {res['stopped']}" if res.get("stopped") else ""))
+    return 0
+
+
 def cmd_rescore(a: argparse.Namespace) -> int:
     prepare_prefect(a.store, a.verbose)
     from flows.rescore import rescore

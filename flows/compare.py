@@ -1,0 +1,76 @@
+"""Arms side by side: the same pool, held-out split and paired seeds, one curriculum run per (arm, seed), in
+one store (issue 15's comparison; docs/algorithms.md, budget).
+
+An arm is a named list of config overrides (`section.key=value`, as `refinery run --set` takes them) on top
+of the shared ones. The built-in arms:
+- `uniform`: plain GRPO: uniform selection, no refinement, no shaping, no few-shot context, no LoPE;
+- `dapo_filter`: the same, with DAPO's over-sampling and zero-variance filter (discarded rollouts counted);
+- `eps`: the same, with EPS-weighted selection in one cluster (`select.k_max=1`); `eps_kmeans`: EPS over
+  k-means clusters;
+- `refinery`: the full default pipeline; `no_refine`, `no_shape`, `no_fewshot`, `no_lope`: it, one part off.
+Seed s sets the sampling, selection, shaping and training seeds of every arm alike (`rollout.seed`,
+`select.seed`, `shape.seed`, `train.seed`), so arms pair by seed; the pool's and the evaluation's seeds stay
+shared, so every run draws the same pool and holds out the same prompts. Run ids are
+`<prefix>-<arm>-s<seed>`; each run is an ordinary run of the store, so rerunning the comparison resumes every
+unfinished run where it stopped and skips the finished ones. `max_generated_tokens` puts every run on the
+same token budget. Runs go one after the other: on one machine, two torch processes slow each other down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PLAIN = ["refine.strategies=[]", "shape.enabled=false", "rollout.fewshot_p0=0.0", "rollout.lope_prefixes=0"]
+ARMS: dict[str, list[str]] = {
+    "uniform": [*PLAIN, "select.selector=uniform"],
+    "dapo_filter": [*PLAIN, "select.selector=dapo_filter"],
+    "eps": [*PLAIN, "select.selector=kmeans", "select.k_max=1"],
+    "eps_kmeans": [*PLAIN, "select.selector=kmeans"],
+    "refinery": [],
+    "no_refine": ["refine.strategies=[]"],
+    "no_shape": ["shape.enabled=false"],
+    "no_fewshot": ["rollout.fewshot_p0=0.0"],
+    "no_lope": ["rollout.lope_prefixes=0"],
+}
+SEEDED = ("rollout.seed", "select.seed", "shape.seed", "train.seed")
+
+
+@dataclass(frozen=True)
+class Planned:
+    arm: str
+    seed: int
+    run_id: str
+    sets: list[str]
+
+
+def plan(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dict[str, list[str]]) -> list[Planned]:
+    """The runs of a comparison, seed-major (every arm's seed 0 first, so a partial comparison is paired)."""
+    known = {**ARMS, **extra}
+    unknown = [a for a in arms if a not in known]
+    if unknown:
+        raise ValueError(f"unknown arm {unknown[0]!r}: use one of {', '.join(known)} or define it with --arm")
+    if not arms or len(set(arms)) != len(arms):
+        raise ValueError("--arms needs at least one arm, each named once")
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    return [Planned(a, s, f"{prefix}-{a}-s{s}", [*shared, *known[a], *(f"{k}={s}" for k in SEEDED)])
+            for s in range(seeds) for a in arms]
+
+
+def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dict[str, list[str]],
+            rounds: int | None, store: str | None, config_path: str | None = None, on_run=None) -> list[dict]:
+    """Run (or resume) every planned run; returns one summary per run (arm, seed, run_id, flow result)."""
+    from flows.config import load_config
+    from flows.curriculum import curriculum
+    from flows.preflight import validate_for_run
+
+    runs = plan(arms, seeds, prefix, shared, extra)
+    configs = [load_config(config_path, sets=r.sets, run_id=r.run_id, rounds=rounds, store=store) for r in runs]
+    for c in configs:  # every config checked before the first run starts
+        validate_for_run(c)
+    out = []
+    for r, c in zip(runs, configs):
+        if on_run:
+            on_run(r)
+        out.append({"arm": r.arm, "seed": r.seed, "run_id": r.run_id, "result": curriculum(c)})
+    return out
