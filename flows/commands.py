@@ -180,6 +180,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
         res = run["result"]
         print(f"compare: {run['run_id']} done in {res['seconds']:.0f} s"
               + (f"; {res['stopped']}" if res.get("stopped") else ""))
+    from flows.compare import plan, summary_lines
+    from storage.store import Store
+
+    for line in summary_lines(Store(a.store), plan(arms, a.seeds, a.prefix, shared, extra)):
+        print(f"compare: {line}")
     return 0
 
 

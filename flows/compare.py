@@ -14,11 +14,16 @@ shared, so every run draws the same pool and holds out the same prompts. Run ids
 `<prefix>-<arm>-s<seed>`; each run is an ordinary run of the store, so rerunning the comparison resumes every
 unfinished run where it stopped and skips the finished ones. `max_generated_tokens` puts every run on the
 same token budget. Runs go one after the other: on one machine, two torch processes slow each other down.
+When they are done, `summary_lines` reports each arm's held-out pass@1 of its final checkpoints with a 95%
+two-way bootstrap interval over seeds and prompts (tasks/core/stats.py), its generated tokens, and its paired
+difference to `uniform` (or the first arm), from `eval_results` and `generated_tokens`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 PLAIN = ["refine.strategies=[]", "shape.enabled=false", "rollout.fewshot_p0=0.0", "rollout.lope_prefixes=0"]
 ARMS: dict[str, list[str]] = {
@@ -74,3 +79,50 @@ def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: 
             on_run(r)
         out.append({"arm": r.arm, "seed": r.seed, "run_id": r.run_id, "result": curriculum(c)})
     return out
+
+
+def final_matrix(store, run_ids: list[str]) -> tuple[np.ndarray, list[int]]:
+    """x[run, prompt]: held-out pass@1 of each run's newest evaluated checkpoint (eval_results), prompts in
+    prompt-id order, and the runs' generated tokens (evaluation excluded)."""
+    import polars as pl
+
+    from storage.query import scan
+
+    res = scan(store, "eval_results").filter(pl.col("run_id").is_in(run_ids) & (pl.col("split") == "heldout"))
+    newest = res.group_by("run_id").agg(pl.col("policy_version").max().alias("v"))
+    rows = (res.join(newest, on="run_id").filter(pl.col("policy_version") == pl.col("v"))
+            .with_columns((pl.col("n_correct") / pl.col("n_samples")).alias("p1")).collect())
+    wide = rows.pivot(on="prompt_id", index="run_id", values="p1", aggregate_function="first")
+    missing = [r for r in run_ids if r not in wide["run_id"].to_list()]
+    if missing:
+        raise ValueError(f"run {missing[0]} has no held-out evaluation in eval_results (eval.enabled off, or a "
+                         "store written before eval_results)")
+    wide = wide.join(pl.DataFrame({"run_id": run_ids, "order": range(len(run_ids))}), on="run_id").sort("order")
+    cols = sorted(c for c in wide.columns if c not in ("run_id", "order"))
+    spent = (scan(store, "generated_tokens").filter(pl.col("run_id").is_in(run_ids) & (pl.col("purpose") != "eval"))
+             .group_by("run_id").agg(pl.col("tokens").sum()).collect())
+    tokens = dict(zip(spent["run_id"].to_list(), spent["tokens"].to_list()))
+    return wide.select(cols).to_numpy(), [int(tokens.get(r, 0)) for r in run_ids]
+
+
+def summary_lines(store, runs: list[Planned]) -> list[str]:
+    """Per arm: held-out pass@1 of the final checkpoints, mean and 95% two-way bootstrap interval over seeds
+    and prompts, mean generated tokens; and each arm's paired difference to the first arm (`uniform` when it
+    is in the comparison)."""
+    from tasks.core.stats import bootstrap_mean, paired_difference
+
+    arms = list(dict.fromkeys(r.arm for r in runs))
+    base = "uniform" if "uniform" in arms else arms[0]
+    by_arm = {a: [r.run_id for r in sorted((r for r in runs if r.arm == a), key=lambda r: r.seed)] for a in arms}
+    mats = {a: final_matrix(store, ids) for a, ids in by_arm.items()}
+    lines = []
+    for a in arms:
+        x, tokens = mats[a]
+        iv = bootstrap_mean(x)
+        line = (f"{a}: held-out pass@1 {iv.mean:.3f} [{iv.low:.3f}, {iv.high:.3f}] over {iv.seeds} seed(s) x "
+                f"{iv.prompts} prompts, {np.mean(tokens):.0f} generated tokens per run")
+        if a != base and mats[a][0].shape == mats[base][0].shape:
+            d = paired_difference(x, mats[base][0])
+            line += f"; vs {base} {d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+        lines.append(line)
+    return lines

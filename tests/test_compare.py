@@ -45,6 +45,19 @@ def test_two_arms_two_seeds_share_the_pool_and_heldout_and_resume(prefect_api, s
     assert done["c-uniform-s0"] != done["c-uniform-s1"]
     lope = sql(store, "SELECT run_id, sum(tokens) AS t FROM generated_tokens WHERE purpose = 'lope' GROUP BY run_id")
     assert set(lope.column("run_id").to_pylist()) <= {"c-refinery-s0", "c-refinery-s1"}  # LoPE off in uniform
+    # the summary: each arm's final held-out pass@1 with its interval, tokens, and the paired difference
+    from flows.compare import final_matrix
+    from tasks.core.stats import bootstrap_mean
+
+    x, tokens = final_matrix(store, ["c-refinery-s0", "c-refinery-s1"])
+    iv = bootstrap_mean(x)
+    held = sql(store, "SELECT count(DISTINCT prompt_id) AS n FROM pool WHERE run_id = 'c-uniform-s0' AND "
+                      "status = 'heldout'").to_pylist()[0]["n"]
+    assert x.shape == (2, held) and all(t > 0 for t in tokens)
+    summary = [ln for ln in out.splitlines() if ln.startswith(("compare: uniform:", "compare: refinery:"))]
+    assert summary[1].startswith(f"compare: refinery: held-out pass@1 {iv.mean:.3f} [{iv.low:.3f}, {iv.high:.3f}] "
+                                 f"over 2 seed(s) x {held} prompts") and "; vs uniform " in summary[1]
+    assert "; vs" not in summary[0]
     # again: every run is complete, nothing is sampled again
     before = sql(store, "SELECT count(*) AS n FROM rollouts").to_pylist()
     code, out, err = run_cli(*args)
