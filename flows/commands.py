@@ -178,12 +178,12 @@ def cmd_compare(a: argparse.Namespace) -> int:
     out = compare(arms, a.seeds, a.prefix, shared, extra, a.rounds, a.store, a.config, on_run=started)
     for run in out:
         res = run["result"]
-        print(f"compare: {run['run_id']} done in {res['seconds']:.0f} s"
+        print(f"compare: {run['planned'].run_id} done in {res['seconds']:.0f} s"
               + (f"; {res['stopped']}" if res.get("stopped") else ""))
-    from flows.compare import plan, summary_lines
+    from flows.compare import summary_lines
     from storage.store import Store
 
-    for line in summary_lines(Store(a.store), plan(arms, a.seeds, a.prefix, shared, extra)):
+    for line in summary_lines(Store(a.store), [run["planned"] for run in out]):
         print(f"compare: {line}")
     return 0
 

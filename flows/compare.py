@@ -64,7 +64,7 @@ def plan(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dic
 
 def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dict[str, list[str]],
             rounds: int | None, store: str | None, config_path: str | None = None, on_run=None) -> list[dict]:
-    """Run (or resume) every planned run; returns one summary per run (arm, seed, run_id, flow result)."""
+    """Run (or resume) every planned run; returns one summary per run (its plan and its flow result)."""
     from flows.config import load_config
     from flows.curriculum import curriculum
     from flows.preflight import validate_for_run
@@ -77,7 +77,7 @@ def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: 
     for r, c in zip(runs, configs):
         if on_run:
             on_run(r)
-        out.append({"arm": r.arm, "seed": r.seed, "run_id": r.run_id, "result": curriculum(c)})
+        out.append({"planned": r, "result": curriculum(c)})
     return out
 
 

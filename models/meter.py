@@ -27,14 +27,8 @@ class Meter:
     counts: dict[str, list[int]] = field(default_factory=dict)
 
     def add(self, purpose: str, groups: Iterable[Iterable]) -> None:
-        if purpose not in PURPOSES:
-            raise ValueError(f"unknown generation purpose {purpose!r}: use one of {', '.join(PURPOSES)}")
-        c = self.counts.setdefault(purpose, [0, 0, 0])
-        c[0] += 1
-        for group in groups:
-            for completion in group:
-                c[1] += 1
-                c[2] += completion.n_tokens
+        completions = [c for group in groups for c in group]
+        self.add_counts(purpose, 1, len(completions), sum(c.n_tokens for c in completions))
 
     def add_counts(self, purpose: str, calls: int, completions: int, tokens: int) -> None:
         if purpose not in PURPOSES:
@@ -72,5 +66,5 @@ def record(purpose: str, groups: list) -> list:
 def meter_counts(purpose: str, calls: int, completions: int, tokens: int) -> None:
     """Count already-known totals under `purpose` on the active meter (the teacher's cached answers)."""
     meter = _METER.get()
-    if meter is not None and completions:
+    if meter is not None:
         meter.add_counts(purpose, calls, completions, tokens)

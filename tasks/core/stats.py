@@ -47,11 +47,10 @@ def _replicates(diff: np.ndarray, n_boot: int, seed: int) -> np.ndarray:
     s, p = diff.shape
     rows = rng.integers(0, s, size=(n_boot, s))
     cols = rng.integers(0, p, size=(n_boot, p))
-    # mean over the drawn rows x drawn columns: first average each drawn row over the drawn columns
-    out = np.empty(n_boot)
-    for b in range(n_boot):
-        out[b] = diff[rows[b]][:, cols[b]].mean()
-    return out
+    # the mean over drawn rows x drawn columns is a weighted mean: each row and column counted as often as drawn
+    row_w = np.stack([np.bincount(r, minlength=s) for r in rows])
+    col_w = np.stack([np.bincount(c, minlength=p) for c in cols])
+    return np.einsum("bs,sp,bp->b", row_w, diff, col_w) / (s * p)
 
 
 def _interval(m: np.ndarray, n_boot: int, level: float, seed: int) -> Interval:

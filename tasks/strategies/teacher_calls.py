@@ -73,27 +73,21 @@ def ask_teacher(store: Store, teacher: Teacher, payloads: dict[str, str], cache:
     fresh: set[str] = set()
     failed: dict[str, str] = {}
     landing = Landing(store, teacher.name, cache, fresh)
-    try:
-        if missing:
-            _ask(teacher, payloads, missing, landing, failed, max_new_tokens, temperature)
-    finally:
+    if missing:
+        _ask(teacher, payloads, missing, landing, failed, max_new_tokens, temperature)
         landing.land()
-        used = [k for k in payloads if k in cache]
-        tokens = teacher_tokens(store, used)
-        meter_counts("teacher", calls=1 if used else 0, completions=len(used), tokens=sum(tokens.values()))
+    used = [k for k in payloads if k in cache]
+    if used:
+        meter_counts("teacher", calls=1, completions=len(used), tokens=teacher_tokens(store, used))
     return fresh, failed
 
 
-def teacher_tokens(store: Store, keys: list[str]) -> dict[str, int]:
-    """Generated tokens of the stored answers to `keys` (0 where none was recorded)."""
-    if not keys:
-        return {}
+def teacher_tokens(store: Store, keys: list[str]) -> int:
+    """Generated tokens of the stored answers to `keys`, summed (an answer with none recorded counts 0)."""
     from storage.query import table_rows_with_schema
 
     rows = table_rows_with_schema(store, "teacher_calls", ["key", "n_tokens"])
-    rows = rows.filter(pl.col("key").is_in(keys)).unique("key")
-    got = dict(zip(rows["key"].to_list(), rows["n_tokens"].fill_null(0).to_list()))
-    return {k: int(got.get(k, 0)) for k in keys}
+    return int(rows.filter(pl.col("key").is_in(keys)).unique("key")["n_tokens"].fill_null(0).sum())
 
 
 def _ask(teacher: Teacher, payloads: dict[str, str], missing: list[str], landing: Landing, failed: dict[str, str],
