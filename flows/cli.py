@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an override shared by every arm (e.g. max_generated_tokens=200000)")
     cp.add_argument("--arm", action="append", default=[], metavar="NAME:SECTION.KEY=VALUE",
                     help="define or extend arm NAME with one override (repeat for more)")
+    cp.add_argument("--dataset", action="append", default=[], metavar="FILE",
+                    help="an external prompt file (.jsonl/.parquet, the ingest schema) that scores every run's "
+                    "last checkpoint (and the base model once); repeat for more")
     cp.set_defaults(func=cmd_compare)
 
     i = sub.add_parser("ingest", parents=[common], help="validate and load prompts from a source")

@@ -175,7 +175,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     def started(r) -> None:
         print(f"compare: {r.run_id} (arm {r.arm}, seed {r.seed})", flush=True)
 
-    out = compare(arms, a.seeds, a.prefix, shared, extra, a.rounds, a.store, a.config, on_run=started)
+    out = compare(arms, a.seeds, a.prefix, shared, extra, a.rounds, a.store, a.config, on_run=started,
+                  datasets=a.dataset)
     for run in out:
         res = run["result"]
         print(f"compare: {run['planned'].run_id} done in {res['seconds']:.0f} s"

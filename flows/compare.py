@@ -63,8 +63,11 @@ def plan(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dic
 
 
 def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dict[str, list[str]],
-            rounds: int | None, store: str | None, config_path: str | None = None, on_run=None) -> list[dict]:
-    """Run (or resume) every planned run; returns one summary per run (its plan and its flow result)."""
+            rounds: int | None, store: str | None, config_path: str | None = None, on_run=None,
+            datasets: list[str] = ()) -> list[dict]:
+    """Run (or resume) every planned run; returns one summary per run (its plan and its flow result).
+    Each prompt file in `datasets` (an external set, flows/evaluate.py) scores every run's last checkpoint
+    once it finishes, and the first run's base model (version 0, the same in every run)."""
     from flows.config import load_config
     from flows.curriculum import curriculum
     from flows.preflight import validate_for_run
@@ -73,11 +76,20 @@ def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: 
     configs = [load_config(config_path, sets=r.sets, run_id=r.run_id, rounds=rounds, store=store) for r in runs]
     for c in configs:  # every config checked before the first run starts
         validate_for_run(c)
+    if datasets:
+        from flows.evaluate import dataset_prompts, evaluate
+
+        for path in datasets:  # a bad file is refused before the first run, not after hours of them
+            dataset_prompts(path, None)
     out = []
-    for r, c in zip(runs, configs):
+    for i, (r, c) in enumerate(zip(runs, configs)):
         if on_run:
             on_run(r)
-        out.append({"planned": r, "result": curriculum(c)})
+        result = curriculum(c)
+        for path in datasets:
+            for version in ([0] if i == 0 else []) + [None]:
+                evaluate(run_id=r.run_id, checkpoint=version, store=c.store, dataset=path)
+        out.append({"planned": r, "result": result})
     return out
 
 

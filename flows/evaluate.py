@@ -33,7 +33,7 @@ def latest_run(store: Store) -> str:
 MAX_DATASET_NAME = 100  # the stage name eval-v<version>-<name>-<8 hex> stays within the store's 128 characters
 
 
-def dataset_prompts(s: Store, path: str, name: str | None) -> tuple[str, str, pl.DataFrame, list]:
+def dataset_prompts(path: str, name: str | None) -> tuple[str, str, pl.DataFrame, list]:
     """(name, content digest, prompts frame, source rows) of a prompt file; nothing lands here."""
     from pathlib import Path
 
@@ -93,7 +93,7 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
     if dataset is not None:
         from tasks.ingest import commit_prompts
 
-        name, content, prompts, rows = dataset_prompts(s, dataset, dataset_name)
+        name, content, prompts, rows = dataset_prompts(dataset, dataset_name)
         stage, split = f"eval-v{checkpoint}-{name}-{content}", f"dataset:{name}"
         seen = (scan(s, "eval_results").filter((pl.col("run_id") == run_id) & (pl.col("split") == split))
                 .select("prompt_id").unique().collect())

@@ -1,0 +1,175 @@
+"""Does the refined curriculum beat uniform GRPO at equal compute? One command runs (or resumes) the
+comparison and regenerates docs/evidence.md and its plots from the store (issue 15):
+
+    python benchmarks/evidence.py --store evidence-store --run     # run or resume, then write the page
+    python benchmarks/evidence.py --store evidence-store           # only rewrite the page from the store
+    python benchmarks/evidence.py --store evidence-store --partial # the page from the runs finished so far
+
+The design is fixed here, so every regeneration describes the same experiment:
+- the core arms `uniform`, `dapo_filter`, `eps_kmeans`, `refinery` at `--seeds` paired seeds (default 3),
+  and the four ablations (`no_refine`, `no_shape`, `no_fewshot`, `no_lope`) at `--ablation-seeds` (default
+  1), paired with `refinery`'s first seeds;
+- one shared config, benchmarks/evidence.toml (the embedded default policy, a pool five times the
+  default's, a third of it held out, 8 samples per held-out prompt, a generated-token budget);
+- the external set data/external/reasoning_gym_ood.jsonl, scored on every run's last checkpoint and the base
+  model (flows/compare.py).
+Runs go one after the other through flows/compare.py (`refinery compare` does the same for any arms); the page
+is tasks/comparison_page.py over the queries of tasks/comparison.py. `--json PATH` writes the headline
+figures as flat keys.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)  # run as a script, benchmarks/select.py would shadow the standard library's `select`
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import subprocess  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+CORE = ["uniform", "dapo_filter", "eps_kmeans", "refinery"]
+ABLATIONS = ["no_refine", "no_shape", "no_fewshot", "no_lope"]
+CONFIG = REPO / "benchmarks" / "evidence.toml"
+DATASETS = [REPO / "data" / "external" / "reasoning_gym_ood.jsonl"]
+PREFIX = "ev"
+
+
+def machine() -> str:
+    cpu, flags = platform.processor() or "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
+    import torch
+
+    return (f"{cpu}, {os.cpu_count()} cores visible, native bf16: {', '.join(native) or 'no'}; "
+            f"Python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+
+def commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True,
+                               text=True).stdout.strip()
+        return out + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def finished(store, run_ids: list[str]) -> set[str]:
+    import polars as pl
+
+    from storage.query import scan
+
+    runs = scan(store, "runs").filter(pl.col("run_id").is_in(run_ids)).collect()
+    last = runs.sort("created_at").group_by("run_id").agg(pl.col("status").last())
+    return set(last.filter(pl.col("status") == "completed")["run_id"].to_list())
+
+
+def design(planned, missing, seeds, ablation_seeds) -> str:
+    from flows.compare import ARMS, SEEDED
+
+    lines = ["## The experiment", "",
+             f"Arms (flows/compare.py; an arm is a list of config overrides on the shared config). Core arms at "
+             f"{seeds} paired seed(s), ablations at {ablation_seeds}. Seed s sets "
+             f"{', '.join(f'`{k}`' for k in SEEDED)} to s in every arm, so arms pair by seed; the pool, its "
+             "held-out split and the evaluation's sampling are the same in every run.", "",
+             "| arm | overrides | run ids |", "|---|---|---|"]
+    for arm in dict.fromkeys(r.arm for r in planned):
+        ids = ", ".join(f"`{r.run_id}`" for r in planned if r.arm == arm)
+        lines.append(f"| `{arm}` | {'; '.join(f'`{o}`' for o in ARMS[arm]) or '(none: the defaults)'} | {ids} |")
+    if missing:
+        lines += ["", f"Not finished when this page was written, so left out: {', '.join(f'`{m}`' for m in missing)}."]
+    lines += ["", f"Shared config ({CONFIG.relative_to(REPO)}):", "", "```toml", CONFIG.read_text().strip(), "```",
+              "", "External set: " + ", ".join(f"{p.relative_to(REPO)}" for p in DATASETS) + " (how it was made: "
+              "its generator script beside it). It scores each run's last checkpoint and the base model; its "
+              "`near` prompts are pool tasks at levels the pool never uses, `far` ones tasks it never uses."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--store", required=True, help="the comparison's store (a folder or s3:// root)")
+    ap.add_argument("--run", action="store_true", help="run or resume the comparison before writing the page")
+    ap.add_argument("--partial", action="store_true", help="write the page from the finished runs only")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--ablation-seeds", type=int, default=1)
+    ap.add_argument("--out", default=str(REPO / "docs" / "evidence.md"))
+    ap.add_argument("--json", default=None, help="write the headline figures here as flat keys")
+    a = ap.parse_args(argv)
+
+    from flows.compare import compare, plan
+    from storage.store import Store
+    from tasks.comparison_page import build, markdown, plots
+
+    datasets = [str(p) for p in DATASETS]
+    core = plan(CORE, a.seeds, PREFIX, [], {})
+    ablations = [r for r in plan(ABLATIONS, a.ablation_seeds, PREFIX, [], {})]
+    if a.run:
+        from flows.commands import prepare_prefect
+
+        prepare_prefect(a.store, verbose=False)
+        for arms, seeds in ((CORE, a.seeds), (ABLATIONS, a.ablation_seeds)):
+            compare(arms, seeds, PREFIX, [], {}, None, a.store, str(CONFIG), datasets=datasets,
+                    on_run=lambda r: print(f"evidence: {r.run_id} (arm {r.arm}, seed {r.seed})", flush=True))
+    store = Store(a.store)
+    planned = core + ablations
+    done = finished(store, [r.run_id for r in planned])
+    missing = [r.run_id for r in planned if r.run_id not in done]
+    if missing and not a.partial:
+        print(f"evidence: {len(missing)} planned run(s) not finished (first: {missing[0]}); pass --run to run "
+              "them, or --partial for a page of the finished ones", file=sys.stderr)
+        return 2
+    planned = [r for r in planned if r.run_id in done]
+    if not any(r.arm == "uniform" for r in planned):
+        print("evidence: no finished `uniform` run to compare against yet", file=sys.stderr)
+        return 2
+    names = [Path(p).stem for p in datasets]
+    ev = build(store, PREFIX, planned, names)
+    out = Path(a.out)
+    figures = out.parent / out.stem
+    figures.mkdir(parents=True, exist_ok=True)
+    for name, fig in plots(ev).items():
+        fig.savefig(figures / f"{name}.png")
+    header = "\n".join([
+        "# Evidence: the refined curriculum against uniform GRPO at equal generated tokens", "",
+        f"Generated by `python benchmarks/evidence.py --store STORE{' --partial' if missing else ''}` on "
+        f"{datetime.now(UTC):%Y-%m-%d} at commit {commit()}; do not edit by hand. Machine: {machine()}.",
+        "", "Held-out pass@1 is measured at the largest budget every run reached (generated tokens: rollouts, "
+        "discarded rollouts, LoPE resamples, teacher answers, MCMC proposals, reserve rescoring; evaluation "
+        "not counted), interpolated per prompt between the two checkpoints around it; intervals are 95% "
+        "two-way bootstraps over seeds and prompts, differences paired by seed (docs/algorithms.md, "
+        "comparison). Wall-clock seconds include the held-out evaluations of earlier checkpoints and whatever "
+        "else ran on the machine at the time: read them as rough."])
+    out.write_text(markdown(ev, names, header, design(planned, missing, a.seeds, a.ablation_seeds)), encoding="utf-8")
+    print(f"evidence: wrote {out} and its plots in {figures}")
+    if a.json:
+        flat = {"heldout_prompts": ev.heldout_prompts, "eval_samples": ev.samples,
+                **{f"matched_{k}": v for k, v in ev.budgets.items()}}
+        for f in ev.arms:
+            flat[f"{f.arm}_pass1_at_tokens"] = f.at["tokens"].mean
+            if f.diff["tokens"] is not None:
+                flat[f"{f.arm}_vs_{ev.base_arm}_at_tokens"] = f.diff["tokens"].mean
+            flat[f"{f.arm}_informative"] = f.informative
+            flat[f"{f.arm}_discarded_share"] = f.discarded_share
+        Path(a.json).write_text(json.dumps(flat, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""The figures of a comparison (flows/compare.py), read from the store by SQL (docs/evidence.md).
+
+Every number comes from one of the queries below, run by `storage.query.sql` over the runs whose ids start
+with the comparison's prefix; docs/evidence.md prints the same queries, so each figure can be reproduced with
+`refinery sql`. The Python side only interpolates and bootstraps what they return:
+
+- `CHECKPOINTS`: each evaluated checkpoint's cost on three axes: the run's generated tokens before it (the
+  rounds that trained it and every round before; evaluation excluded), its optimizer steps, and its
+  wall-clock seconds (the checkpoint's `created_at` less the run's; this includes the held-out evaluations
+  of the earlier checkpoints, the same work per checkpoint in every arm).
+- `PASS`: per-prompt pass@1 (and tokens) of every evaluated checkpoint on a split (`heldout`, or an
+  external `dataset:<name>`).
+- `GROUPS`: the share of collected groups whose rewards differ (the groups that give GRPO a non-zero
+  advantage: the informative-group ratio), over every round's rollouts as landed (LoPE replacements
+  included, groups discarded by DAPO not).
+- `DISCARDED`: rollouts generated and dropped (DAPO's zero-variance and surplus groups) as a share of all
+  rollouts generated.
+- `TOKENS`: generated tokens by purpose (rollout, lope, teacher, mcmc, rescore, eval).
+
+`arm_at` gives an arm's [seeds, prompts] pass@1 at a budget on one axis (tasks/core/curves.py), from which
+tasks/core/stats.py gives the mean, its interval and paired differences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from storage.query import sql
+from storage.store import Store, check_name
+from tasks.core.curves import at_budget
+
+AXES = {"tokens": "generated tokens", "steps": "optimizer steps", "seconds": "wall-clock seconds"}
+
+CHECKPOINTS = """
+WITH spent AS (SELECT run_id, round, sum(tokens) AS tokens FROM generated_tokens
+               WHERE purpose <> 'eval' AND starts_with(run_id, '{prefix}') GROUP BY ALL),
+     stepped AS (SELECT run_id, round, count(*) AS steps FROM train_steps
+                 WHERE starts_with(run_id, '{prefix}') GROUP BY ALL),
+     started AS (SELECT run_id, min(created_at) AS t0 FROM runs WHERE starts_with(run_id, '{prefix}') GROUP BY ALL),
+     versions AS (SELECT DISTINCT run_id, policy_version FROM eval_results
+                  WHERE split = 'heldout' AND starts_with(run_id, '{prefix}'))
+SELECT v.run_id, v.policy_version,
+       (SELECT coalesce(sum(s.tokens), 0) FROM spent s
+        WHERE s.run_id = v.run_id AND s.round < v.policy_version) AS tokens,
+       (SELECT coalesce(sum(s.steps), 0) FROM stepped s
+        WHERE s.run_id = v.run_id AND s.round < v.policy_version) AS steps,
+       CASE WHEN v.policy_version = 0 THEN 0.0
+            ELSE epoch(c.created_at) - epoch(st.t0) END AS seconds
+FROM versions v JOIN started st USING (run_id)
+LEFT JOIN checkpoints c ON c.run_id = v.run_id AND c.policy_version = v.policy_version
+ORDER BY v.run_id, v.policy_version
+""".strip()
+
+PASS = """
+SELECT run_id, policy_version, prompt_id, n_correct / n_samples AS pass1, n_samples, n_correct, n_tokens
+FROM eval_results
+WHERE split = '{split}' AND starts_with(run_id, '{prefix}')
+ORDER BY run_id, policy_version, prompt_id
+""".strip()
+
+GROUPS = """
+SELECT run_id, count(*) AS groups, avg(CASE WHEN hi > lo THEN 1.0 ELSE 0.0 END) AS informative
+FROM (SELECT run_id, round, prompt_id, min(reward) AS lo, max(reward) AS hi FROM rollouts
+      WHERE starts_with(run_id, '{prefix}') GROUP BY ALL)
+GROUP BY run_id ORDER BY run_id
+""".strip()
+
+DISCARDED = """
+SELECT k.run_id, k.n AS kept, coalesce(d.n, 0) AS discarded, coalesce(d.n, 0) / (k.n + coalesce(d.n, 0)) AS share
+FROM (SELECT run_id, count(*) AS n FROM rollouts WHERE starts_with(run_id, '{prefix}') GROUP BY ALL) k
+LEFT JOIN (SELECT run_id, count(*) AS n FROM discarded_rollouts WHERE starts_with(run_id, '{prefix}') GROUP BY ALL) d
+USING (run_id) ORDER BY k.run_id
+""".strip()
+
+TOKENS = """
+SELECT run_id, purpose, sum(calls) AS calls, sum(completions) AS completions, sum(tokens) AS tokens
+FROM generated_tokens WHERE starts_with(run_id, '{prefix}') GROUP BY ALL ORDER BY run_id, purpose
+""".strip()
+
+
+def query(name: str, prefix: str, split: str = "heldout") -> str:
+    """The text of query `name` for runs whose ids start with `prefix`- (names are checked, so the text
+    needs no escaping)."""
+    check_name("run-id prefix", prefix)
+    if split != "heldout":
+        check_name("split", split.removeprefix("dataset:"))
+    return {"CHECKPOINTS": CHECKPOINTS, "PASS": PASS, "GROUPS": GROUPS, "DISCARDED": DISCARDED,
+            "TOKENS": TOKENS}[name].format(prefix=f"{prefix}-", split=split)
+
+
+def frame(store: Store, name: str, prefix: str, split: str = "heldout") -> pl.DataFrame:
+    return pl.from_arrow(sql(store, query(name, prefix, split)))
+
+
+@dataclass(frozen=True)
+class RunCurve:
+    """One run's evaluated checkpoints: their costs on each axis and per-prompt pass@1 [checkpoints, prompts]."""
+
+    run_id: str
+    versions: list[int]
+    costs: dict[str, list[float]]
+    pass1: np.ndarray
+    prompt_ids: list[str]
+
+    def at(self, axis: str, budget: float) -> np.ndarray | None:
+        return at_budget(self.costs[axis], self.pass1, budget)
+
+    def last(self, axis: str) -> float:
+        return self.costs[axis][-1]
+
+
+def run_curves(store: Store, prefix: str, run_ids: list[str]) -> dict[str, RunCurve]:
+    """The held-out curve of each run in `run_ids` (every one must have been evaluated)."""
+    points = frame(store, "CHECKPOINTS", prefix)
+    per_prompt = frame(store, "PASS", prefix)
+    out = {}
+    for run_id in run_ids:
+        pts = points.filter(pl.col("run_id") == run_id).sort("policy_version")
+        if pts.height == 0:
+            raise ValueError(f"run {run_id} has no held-out evaluation in the store (not run yet, or eval off)")
+        rows = per_prompt.filter(pl.col("run_id") == run_id)
+        wide = rows.pivot(on="prompt_id", index="policy_version", values="pass1").sort("policy_version")
+        ids = sorted(c for c in wide.columns if c != "policy_version")
+        matrix = wide.select(ids).to_numpy()
+        if np.isnan(matrix).any():
+            raise ValueError(f"run {run_id}: its checkpoints were evaluated on different held-out prompts")
+        versions = pts["policy_version"].to_list()
+        if wide["policy_version"].to_list() != versions:
+            raise ValueError(f"run {run_id}: evaluated versions and checkpoints disagree")
+        costs = {axis: [float(x) for x in pts[axis].to_list()] for axis in AXES}
+        for axis in ("tokens", "steps"):  # seconds can only grow too, but a clock may step; tokens and steps must
+            if np.any(np.diff(costs[axis]) < 0):
+                raise ValueError(f"run {run_id}: {axis} decrease between checkpoints: {costs[axis]}")
+        costs["seconds"] = list(np.maximum.accumulate(costs["seconds"]))
+        out[run_id] = RunCurve(run_id, versions, costs, matrix, ids)
+    prompt_sets = {tuple(c.prompt_ids) for c in out.values()}
+    if len(prompt_sets) > 1:
+        raise ValueError("the runs hold out different prompts: compare runs of one pool and eval seed only")
+    return out
+
+
+def arm_at(curves: list[RunCurve], axis: str, budget: float) -> np.ndarray | None:
+    """[seeds, prompts] pass@1 of an arm's runs at `budget` on `axis`; None if any run did not reach it."""
+    rows = [c.at(axis, budget) for c in curves]
+    if any(r is None for r in rows):
+        return None
+    return np.vstack(rows)
+
+
+def final_split(store: Store, prefix: str, split: str, run_ids: list[str]) -> dict[str, pl.DataFrame]:
+    """Per run, the per-prompt results of its newest checkpoint evaluated on `split` (runs without any are
+    left out)."""
+    rows = frame(store, "PASS", prefix, split)
+    out = {}
+    for run_id in run_ids:
+        mine = rows.filter(pl.col("run_id") == run_id)
+        if mine.height:
+            out[run_id] = mine.filter(pl.col("policy_version") == mine["policy_version"].max()).sort("prompt_id")
+    return out

@@ -1,0 +1,177 @@
+"""The evidence page (issue 15): each checkpoint's cost on the three axes, held-out pass@1 at a matched budget,
+the budget accounting and the external set, checked against the store by independent computations, and
+benchmarks/evidence.py writing the page and its plots from a store of finished runs."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from conftest import run_cli
+from test_eval_dataset import SETS as SCRIPTED
+
+from storage.query import scan, sql
+from tasks.comparison import frame, query, run_curves
+from tasks.comparison_page import build, markdown, plots
+from tasks.core.curves import at_budget, matched_budget
+
+# the scripted backend (real groups with mixed rewards, so GRPO takes steps) with training on
+SETS = [s for s in SCRIPTED if s != "train.enabled=false"] + ["eval.heldout_fraction=0.3"]
+EXTERNAL = [{"id": "near/0", "question": "What is 2 + 3 + 4?", "answer": "9", "meta": {"kind": "near"}},
+            {"id": "near/1", "question": "What is 3 * 3 * 2?", "answer": "18", "meta": {"kind": "near"}},
+            {"id": "far/0", "question": "What is the GCD of 12 and 18?", "answer": "6", "meta": {"kind": "far"}}]
+
+
+def test_interpolation_between_checkpoints_and_nothing_past_them():
+    costs, p = [0, 10, 10, 30], [[0.0, 1.0], [0.2, 1.0], [0.4, 0.5], [1.0, 0.0]]
+    assert at_budget(costs, p, 0).tolist() == [0.0, 1.0]
+    assert at_budget(costs, p, 10).tolist() == [0.4, 0.5]  # equal costs: the newest checkpoint
+    assert np.allclose(at_budget(costs, p, 20), [0.7, 0.25])
+    assert at_budget(costs, p, 30.5) is None and at_budget(costs, p, -1) is None
+    with pytest.raises(ValueError, match="must not decrease"):
+        at_budget([0, 5, 4], p[:3], 1)
+    with pytest.raises(ValueError, match="expected costs"):
+        at_budget([0, 5], p, 1)
+    assert matched_budget([40, 31, 55]) == 31
+
+
+@pytest.fixture(scope="module")
+def compared(prefect_api, tmp_path_factory):
+    """uniform and refinery at 2 seeds (through the CLI, with an external set), dapo_filter at 1 (a second
+    comparison in the same store), one round each, scripted, with training: every run has 2 evaluated
+    checkpoints, the base model at cost 0 and its round-0 policy."""
+    from flows.compare import compare, plan
+    from storage.store import Store
+
+    tmp = tmp_path_factory.mktemp("evidence")
+    data = tmp / "ext.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in EXTERNAL))
+    store = Store(tmp / "store")
+    code, out, err = run_cli("compare", "--arms", "uniform,refinery", "--seeds", "2", "--prefix", "ev", "--rounds",
+                             "1", "--store", store.root, "--dataset", str(data), *[x for s in SETS for x in ("--set", s)])
+    assert code == 0, err
+    compare(["dapo_filter"], 1, "ev", SETS, {}, 1, store.root, datasets=[str(data)])
+    planned = plan(["uniform", "refinery"], 2, "ev", SETS, {}) + plan(["dapo_filter"], 1, "ev", SETS, {})
+    return store, planned, tmp
+
+
+def test_each_checkpoint_costs_what_the_rounds_before_it_generated(compared):
+    store, planned, _ = compared
+    points = frame(store, "CHECKPOINTS", "ev")
+    tokens = scan(store, "generated_tokens").filter(pl.col("purpose") != "eval").collect()
+    steps = scan(store, "train_steps").collect()
+    assert points["run_id"].n_unique() == len(planned)
+    for r in planned:
+        mine = points.filter(pl.col("run_id") == r.run_id).sort("policy_version")
+        assert mine["policy_version"].to_list() == [0, 1]
+        for v, t, s, sec in mine.select("policy_version", "tokens", "steps", "seconds").iter_rows():
+            before = (pl.col("run_id") == r.run_id) & (pl.col("round") < v)
+            assert t == tokens.filter(before)["tokens"].sum() and s == steps.filter(before).height
+            assert (sec == 0) if v == 0 else sec > 0
+        assert mine["tokens"][1] > 0 and mine["steps"][1] > 0
+    assert frame(store, "CHECKPOINTS", "other").height == 0  # the prefix confines the query
+    with pytest.raises(ValueError, match="prefix"):
+        query("CHECKPOINTS", "ev' OR 1=1 --")
+
+
+def test_pass1_at_the_matched_budget_is_the_per_prompt_interpolation(compared):
+    store, planned, _ = compared
+    curves = run_curves(store, "ev", [r.run_id for r in planned])
+    ev = build(store, "ev", planned, ["ext"])
+    budget = min(c.costs["tokens"][-1] for c in curves.values())
+    assert ev.budgets["tokens"] == budget == matched_budget(c.last("tokens") for c in curves.values())
+    results = scan(store, "eval_results").filter(pl.col("split") == "heldout").collect()
+    for f in ev.arms:
+        rows = []
+        for run_id in f.run_ids:
+            c = curves[run_id]
+            got = results.filter(pl.col("run_id") == run_id).sort("policy_version", "prompt_id")
+            per_version = got.with_columns((pl.col("n_correct") / pl.col("n_samples")).alias("p"))
+            m = np.array([per_version.filter(pl.col("policy_version") == v)["p"].to_list() for v in c.versions])
+            assert np.allclose(m, c.pass1)
+            rows.append([np.interp(budget, c.costs["tokens"], m[:, j]) for j in range(m.shape[1])])
+        assert f.at["tokens"].mean == pytest.approx(float(np.mean(rows)))
+        assert f.at["tokens"].low <= f.at["tokens"].mean <= f.at["tokens"].high
+    uniform, refinery = (next(f for f in ev.arms if f.arm == a) for a in ("uniform", "refinery"))
+    assert uniform.diff["tokens"] is None and refinery.diff["tokens"].seeds == 2
+    assert refinery.diff["tokens"].mean == pytest.approx(refinery.at["tokens"].mean - uniform.at["tokens"].mean)
+    dapo = next(f for f in ev.arms if f.arm == "dapo_filter")
+    assert dapo.diff["tokens"].seeds == 1  # paired with uniform's seed 0 only
+
+
+def test_budget_accounting_matches_the_rollouts(compared):
+    store, planned, _ = compared
+    ev = build(store, "ev", planned, ["ext"])
+    rollouts = scan(store, "rollouts").collect()
+    discarded = scan(store, "discarded_rollouts").collect()
+    for f in ev.arms:
+        mine = rollouts.filter(pl.col("run_id").is_in(f.run_ids))
+        spread = mine.group_by("run_id", "round", "prompt_id").agg(pl.col("reward").n_unique() > 1)
+        assert f.informative == pytest.approx(spread["reward"].mean())
+        gone = discarded.filter(pl.col("run_id").is_in(f.run_ids)).height
+        assert f.discarded_share == pytest.approx(gone / (gone + mine.height))
+        ledger = scan(store, "generated_tokens").filter(pl.col("run_id").is_in(f.run_ids)).collect()
+        assert f.purposes["rollout"] == pytest.approx(ledger.filter(pl.col("purpose") == "rollout")["tokens"].sum()
+                                                      / len(f.run_ids))
+    assert next(f for f in ev.arms if f.arm == "uniform").discarded_share == 0
+    assert "lope" not in next(f for f in ev.arms if f.arm == "uniform").purposes
+
+
+def test_the_external_set_scores_each_last_checkpoint_and_the_base_model_once(compared):
+    store, planned, _ = compared
+    got = sql(store, "SELECT run_id, policy_version, count(*) AS n FROM eval_results WHERE split = 'dataset:ext' "
+                     "GROUP BY ALL ORDER BY ALL").to_pylist()
+    firsts = {"ev-uniform-s0", "ev-dapo_filter-s0"}  # the first run of each comparison also scores the base model
+    want = [{"run_id": r.run_id, "policy_version": v, "n": 3} for r in planned
+            for v in ([0] if r.run_id in firsts else []) + [1]]
+    assert sorted(got, key=str) == sorted(want, key=str)
+    ev = build(store, "ev", planned, ["ext"])
+    refinery = next(f for f in ev.arms if f.arm == "refinery")
+    assert set(refinery.external["ext"]) == {"all", "far", "near"}
+    (all_, diff), (near, _) = refinery.external["ext"]["all"], refinery.external["ext"]["near"]
+    assert (all_.seeds, all_.prompts, near.prompts) == (2, 3, 2) and diff.seeds == 2
+
+
+def test_the_page_prints_its_queries_and_they_reproduce_its_numbers(compared, tmp_path):
+    store, planned, _ = compared
+    ev = build(store, "ev", planned, ["ext"])
+    page = markdown(ev, ["ext"], "# header", "## design")
+    for name in ("CHECKPOINTS", "PASS", "GROUPS", "DISCARDED", "TOKENS"):
+        text = query(name, "ev")
+        assert text in page
+        assert sql(store, text).num_rows > 0  # each runs as printed
+    assert "| `refinery` | 2 | 1.0 |" in page and "External set `ext`" in page
+    assert "## Result against the goal" in page and "informative-group ratio >= 0.85" in page
+    figs = plots(ev)
+    assert sorted(figs) == ["pass1_vs_seconds", "pass1_vs_steps", "pass1_vs_tokens"]
+    figs["pass1_vs_tokens"].savefig(tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_evidence_script_writes_the_page_of_the_finished_runs(compared, tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evidence", Path(__file__).parent.parent / "benchmarks" / "evidence.py")
+    evidence = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evidence)
+    store, _, _ = compared
+    out = tmp_path / "docs" / "evidence.md"
+    assert evidence.main(["--store", store.root, "--seeds", "2", "--out", str(out)]) == 2
+    assert "planned run(s) not finished (first: ev-eps_kmeans-s0)" in capsys.readouterr().err
+    assert evidence.main(["--store", store.root, "--seeds", "2", "--partial", "--out", str(out),
+                          "--json", str(tmp_path / "e.json")]) == 0
+    page = out.read_text()
+    assert "Not finished when this page was written, so left out: `ev-eps_kmeans-s0`" in page
+    assert "| `uniform` | 2 |" in page and "| `dapo_filter` | 1 |" in page
+    assert sorted(p.name for p in (tmp_path / "docs" / "evidence").iterdir()) == [
+        "pass1_vs_seconds.png", "pass1_vs_steps.png", "pass1_vs_tokens.png"]
+    figures = json.loads((tmp_path / "e.json").read_text())
+    assert figures["heldout_prompts"] == 2 and "refinery_vs_uniform_at_tokens" in figures
+
+
+def test_a_missing_external_file_is_refused_before_any_run(prefect_api, store, tmp_path):
+    code, _, err = run_cli("compare", "--arms", "uniform", "--seeds", "1", "--store", store.root,
+                           "--dataset", str(tmp_path / "nope.jsonl"), *[x for s in SETS for x in ("--set", s)])
+    assert code != 0 and "nope.jsonl" in err and len(err.strip().splitlines()) == 1
+    assert not (Path(store.root) / "runs").exists()
