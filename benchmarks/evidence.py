@@ -9,13 +9,15 @@ The design is fixed here, so every regeneration describes the same experiment:
 - the core arms `uniform`, `dapo_filter`, `eps_kmeans`, `refinery` at `--seeds` paired seeds (default 3),
   and the four ablations (`no_refine`, `no_shape`, `no_fewshot`, `no_lope`) at `--ablation-seeds` (default
   1), paired with `refinery`'s first seeds;
-- one shared config, benchmarks/evidence.toml (the embedded default policy, a pool five times the
-  default's, a third of it held out, 8 samples per held-out prompt, a generated-token budget);
+- one shared config, benchmarks/evidence.toml (the embedded default policy, a pool ten times the default's
+  generation sizes with a quarter, 106 prompts, held out, 8 samples per held-out prompt, a generated-token
+  budget), plus any `--set` overrides;
 - the external set data/external/reasoning_gym_ood.jsonl, scored on every run's last checkpoint and the base
   model (flows/compare.py).
 Runs go one after the other through flows/compare.py (`refinery compare` does the same for any arms); the page
-is tasks/comparison_page.py over the queries of tasks/comparison.py. `--json PATH` writes the headline
-figures as flat keys.
+is tasks/comparison_page.py over the queries of tasks/comparison.py. Before writing, every run's stored config
+is checked against the design (the shared config, `--set`, its arm and seed): a store whose runs were made
+otherwise is refused, naming the run and the fields. `--json PATH` writes the headline figures as flat keys.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def commit() -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True,
-                               text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
         return out + (" (with uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -81,7 +83,23 @@ def finished(store, run_ids: list[str]) -> set[str]:
     return set(last.filter(pl.col("status") == "completed")["run_id"].to_list())
 
 
-def design(planned, missing, seeds, ablation_seeds) -> str:
+def check_design(store, planned, config: str, shared: list[str]) -> None:
+    """Raise ValueError naming the first run whose stored config is not the design's for it (resumable fields
+    such as `rounds` and `max_generated_tokens` aside: flows/curriculum.py)."""
+    from flows.config import load_config
+    from flows.curriculum import _check_resume
+    from storage.runs import stored_config
+
+    for r in planned:
+        want = load_config(config, sets=[*shared, *r.sets], run_id=r.run_id, store=store.uri)
+        try:
+            _check_resume(want, stored_config(store, r.run_id) or {})
+        except ValueError as e:
+            raise ValueError(f"{r.run_id} was not run with this design: {str(e).split('(', 1)[-1].split(')')[0]}"
+                             ) from None
+
+
+def design(planned, missing, seeds, ablation_seeds, sets) -> str:
     from flows.compare import ARMS, SEEDED
 
     lines = ["## The experiment", "",
@@ -96,6 +114,7 @@ def design(planned, missing, seeds, ablation_seeds) -> str:
     if missing:
         lines += ["", f"Not finished when this page was written, so left out: {', '.join(f'`{m}`' for m in missing)}."]
     lines += ["", f"Shared config ({CONFIG.relative_to(REPO)}):", "", "```toml", CONFIG.read_text().strip(), "```",
+              *(["", "Shared overrides (`--set`): " + ", ".join(f"`{x}`" for x in sets)] if sets else []),
               "", "External set: " + ", ".join(f"{p.relative_to(REPO)}" for p in DATASETS) + " (how it was made: "
               "its generator script beside it). It scores each run's last checkpoint and the base model; its "
               "`near` prompts are pool tasks at levels the pool never uses, `far` ones tasks it never uses."]
@@ -111,21 +130,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ablation-seeds", type=int, default=1)
     ap.add_argument("--out", default=str(REPO / "docs" / "evidence.md"))
     ap.add_argument("--json", default=None, help="write the headline figures here as flat keys")
+    ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                    help="an override shared by every run, on top of benchmarks/evidence.toml")
     a = ap.parse_args(argv)
+    try:
+        return _main(a)
+    except ValueError as e:  # a store that does not fit the design, a bad override, a run not evaluated
+        print(f"evidence: {e}", file=sys.stderr)
+        return 1
 
+
+def _main(a: argparse.Namespace) -> int:
     from flows.compare import compare, plan
     from storage.store import Store
     from tasks.comparison_page import build, markdown, plots
 
     datasets = [str(p) for p in DATASETS]
-    core = plan(CORE, a.seeds, PREFIX, [], {})
-    ablations = [r for r in plan(ABLATIONS, a.ablation_seeds, PREFIX, [], {})]
+    core = plan(CORE, a.seeds, PREFIX, a.set, {})
+    ablations = plan(ABLATIONS, a.ablation_seeds, PREFIX, a.set, {})
     if a.run:
         from flows.commands import prepare_prefect
 
         prepare_prefect(a.store, verbose=False)
         for arms, seeds in ((CORE, a.seeds), (ABLATIONS, a.ablation_seeds)):
-            compare(arms, seeds, PREFIX, [], {}, None, a.store, str(CONFIG), datasets=datasets,
+            compare(arms, seeds, PREFIX, a.set, {}, None, a.store, str(CONFIG), datasets=datasets,
                     on_run=lambda r: print(f"evidence: {r.run_id} (arm {r.arm}, seed {r.seed})", flush=True))
     store = Store(a.store)
     planned = core + ablations
@@ -139,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if not any(r.arm == "uniform" for r in planned):
         print("evidence: no finished `uniform` run to compare against yet", file=sys.stderr)
         return 2
+    check_design(store, planned, str(CONFIG), [])  # r.sets already hold --set
     names = [Path(p).stem for p in datasets]
     ev = build(store, PREFIX, planned, names)
     out = Path(a.out)
@@ -156,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         "two-way bootstraps over seeds and prompts, differences paired by seed (docs/algorithms.md, "
         "comparison). Wall-clock seconds include the held-out evaluations of earlier checkpoints and whatever "
         "else ran on the machine at the time: read them as rough."])
-    out.write_text(markdown(ev, names, header, design(planned, missing, a.seeds, a.ablation_seeds)), encoding="utf-8")
+    out.write_text(markdown(ev, names, header, design(planned, missing, a.seeds, a.ablation_seeds, a.set)), encoding="utf-8")
     print(f"evidence: wrote {out} and its plots in {figures}")
     if a.json:
         flat = {"heldout_prompts": ev.heldout_prompts, "eval_samples": ev.samples,

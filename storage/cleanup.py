@@ -7,7 +7,9 @@ no empty folders). A folder is removed when its owner is this host and a dead pi
 missing (debris of a crash), and a folder of another host only when it is older than `FOREIGN_TMP_TTL_S` (it
 cannot tell whether that host's writer is alive). Stage folders that were renamed into a table but never got a
 commit record are removed too, except those of an invalid record (storage/records.py): the stage's re-run
-replaces both, and until then that folder may be all that is left of an ingest.
+replaces both, and until then that folder may be all that is left of an ingest. On an object store (no
+renames) a stage's parts sit in `stage=<stage>/attempt=<uuid>` from the start; an attempt folder no record
+lists is removed once its claim `.tmp/<uuid>` is gone.
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ def remove_debris(store, now: float | None = None) -> list[str]:
         records, bad = store.scan_records()
         landed = {p.rsplit("/", 1)[0] for r in records for t in r["tables"].values() for p in t["paths"]}
         invalid = {p for p, _ in bad}
+        if getattr(store, "object_store", False):
+            claims = {t.rsplit("/", 1)[1] for t in store.fs.glob(store.path(".tmp", "*"))}
+            removed += _remove_attempts(store, landed, claims)
+            return removed
         for table in TABLES:
             for stage_dir in store.fs.glob(store.path(table, "run_id=*", "round=*", "stage=*")):
                 rel = stage_dir[len(store.root) + 1 :]
@@ -68,6 +74,21 @@ def remove_debris(store, now: float | None = None) -> list[str]:
                     continue  # keep the data of an invalid record: the stage's re-run replaces both
                 store.fs.rm(stage_dir, recursive=True)
                 removed.append(stage_dir)
+    return removed
+
+
+def _remove_attempts(store, landed: set[str], claims: set[str]) -> list[str]:
+    """Object stores: the attempt folders (`stage=<stage>/attempt=<uuid>`) that no commit record lists and
+    whose claim `.tmp/<uuid>` is gone (its writer committed elsewhere, or crashed and its claim was removed
+    above). A claim that is still there is a writer at work, or one whose debris the rule above keeps."""
+    removed = []
+    for table in TABLES:
+        for attempt in store.fs.glob(store.path(table, "run_id=*", "round=*", "stage=*", "attempt=*")):
+            rel = attempt[len(store.root) + 1 :]
+            if rel in landed or rel.rsplit("attempt=", 1)[1] in claims:
+                continue
+            store.fs.rm(attempt, recursive=True)
+            removed.append(attempt)
     return removed
 
 

@@ -48,6 +48,9 @@ def report_skipped(path: str, problem: str) -> None:
         log.warning("skipping %s: %s", path, problem)
 
 
+_ATTEMPT = re.compile(r"^attempt=[0-9a-f]{32}/")
+
+
 def parse_record(root: str, path: str, text: str) -> tuple[dict, str | None]:
     """Check a commit record found at `path` against the layout; returns it and None, or ({}, the problem in a
     few words)."""
@@ -76,6 +79,8 @@ def parse_record(root: str, path: str, text: str) -> tuple[dict, str | None]:
         folder = f"{table}/{part}/stage={stage}/"
         for rel in entry["paths"]:
             name = rel[len(folder) :] if isinstance(rel, str) and rel.startswith(folder) else None
+            if name and _ATTEMPT.match(name):  # an object store's commit: the parts sit in their attempt's folder
+                name = name.split("/", 1)[1]
             if not name or "/" in name or name.startswith(".") or not name.endswith(".parquet"):
                 return {}, f"table {table!r} names {rel!r}, which is not a part file of this stage"
     return record, None
@@ -121,7 +126,8 @@ def scan_records(fs, root: str) -> tuple[list[dict], list[tuple[str, str]]]:
     def exists(rel: str) -> bool:
         table = rel.split("/", 1)[0]
         if table not in existing:
-            existing[table] = set(fs.glob("/".join([root, table, "run_id=*", "round=*", "stage=*", "*"])))
+            stages = "/".join([root, table, "run_id=*", "round=*", "stage=*"])
+            existing[table] = set(fs.glob(f"{stages}/*")) | set(fs.glob(f"{stages}/attempt=*/*"))
         return f"{root}/{rel}" in existing[table]
 
     for p in found:

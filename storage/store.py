@@ -13,6 +13,15 @@ record is the commit point: readers list data files from commit records only, so
 missing is invisible however far its renames got. Ingested prompts have no run: they land under
 `run_id=_ingest/round=_`.
 
+Object stores (s3://, gs://, az://...) have no folders and no rename: a "move" is a copy of every object and
+a delete, neither atomic nor cheap. There the commit writes each table's parts straight to their final
+place, in a folder of their own attempt, `<table>/run_id=<run>/round=<round>/stage=<stage>/attempt=<uuid>/`
+(the uuid of the attempt's `.tmp/<uuid>` claim, which holds only its owner record), and then PUTs the commit
+record, which an object store makes visible whole or not at all. The record is still the one commit point:
+until it exists no reader lists the attempt's files, and a crashed attempt's files stay unlisted debris that
+`cleanup` removes once their claim is gone. S3-compatible endpoints and credentials come from the standard
+`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` (s3fs reads them).
+
 Around this module: storage/records.py reads and validates commit records (an invalid one is reported and
 counts as not landed), storage/cleanup.py removes what crashed writers left (`Store.cleanup`). The temp folder
 is claimed with its owner record under the commit lock, the one cleanup holds while it scans.
@@ -50,6 +59,7 @@ __all__ = ["DEFAULT_ROOT", "FOREIGN_TMP_TTL_S", "NO_ROUND", "NO_RUN", "PART_ROWS
 log = logging.getLogger("refinery.store")
 
 DEFAULT_ROOT = "./refinery-store"
+OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl"}  # no folders, no rename
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -101,6 +111,8 @@ class Store:
         self.uri = root
         self.fs, path = fsspec.core.url_to_fs(root)
         self.local = isinstance(self.fs, LocalFileSystem)
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        self.object_store = any(p in OBJECT_STORES for p in protocols)
         self.root = os.path.abspath(path) if self.local else path.rstrip("/")
         # (run_id, round, stage) -> tables that ride along in that stage's commit, computed when it commits
         # (the stage wrapper puts its generated-token counts here: they land atomically with the stage)
@@ -159,13 +171,14 @@ class Store:
         stage_dir = f"stage={stage}"
 
         tmp = self._claim_tmp()
+        if self.object_store:
+            return self._commit_in_place(tmp, conformed, run_id, round, stage)
         jobs = []
         for name, t in conformed.items():
             folder = "/".join([tmp, name, *part, stage_dir])
             self.fs.makedirs(folder, exist_ok=True)
             jobs += [(f"{folder}/part-{i}.parquet", chunk) for i, chunk in enumerate(_split(t))]
-        with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
-            list(pool.map(lambda job: self._write_parquet(*job), jobs))  # pyarrow releases the GIL
+        self._write_parts(jobs)
         fault_point("commit:written")
 
         with self.lock("commit"):
@@ -191,6 +204,35 @@ class Store:
                 "committed_at": datetime.now(UTC).isoformat(),
             }
             self._write_atomic(record_path(self.root, run_id, round, stage), json.dumps(record, indent=1))
+            self.fs.rm(tmp, recursive=True)
+        result = Commit(run_id, round, stage, landed_now=True, rows={n: t.num_rows for n, t in conformed.items()})
+        log.info(result.message)
+        return result
+
+    def _write_parts(self, jobs: list[tuple[str, pa.Table]]) -> None:
+        with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
+            list(pool.map(lambda job: self._write_parquet(*job), jobs))  # pyarrow releases the GIL
+
+    def _commit_in_place(self, tmp: str, conformed: Mapping[str, pa.Table], run_id: str | None,
+                         round: int | None, stage: str) -> Commit:
+        """The object-store commit: parts written where they stay, in the attempt's own folder, then the
+        commit record in one PUT (module docstring)."""
+        attempt = f"attempt={tmp.rsplit('/', 1)[1]}"
+        rel = {name: "/".join([name, *partition(run_id, round), f"stage={stage}", attempt]) for name in conformed}
+        jobs = [(self.path(rel[name], f"part-{i}.parquet"), chunk)
+                for name, t in conformed.items() for i, chunk in enumerate(_split(t))]
+        self._write_parts(jobs)
+        fault_point("commit:written")
+        with self.lock("commit"):
+            if self.landed(run_id, round, stage):  # another writer landed it first: ours stays debris
+                self.fs.rm(tmp, recursive=True)
+                return Commit(run_id, round, stage, landed_now=False)
+            files = {name: {"paths": [f"{rel[name]}/part-{i}.parquet" for i in range(len(_split(t)))],
+                            "rows": t.num_rows} for name, t in conformed.items()}
+            record = {"run_id": run_id, "round": round, "stage": stage, "tables": files,
+                      "committed_at": datetime.now(UTC).isoformat()}
+            self._write_text(record_path(self.root, run_id, round, stage), json.dumps(record, indent=1))
+            fault_point("commit:recorded")
             self.fs.rm(tmp, recursive=True)
         result = Commit(run_id, round, stage, landed_now=True, rows={n: t.num_rows for n, t in conformed.items()})
         log.info(result.message)
@@ -228,6 +270,9 @@ class Store:
             f.write(text)
 
     def _write_atomic(self, path: str, text: str) -> None:
+        if self.object_store:  # one PUT is visible whole or not at all; there is no rename to do it with
+            self._write_text(path, text)
+            return
         self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
         tmp = f"{path}.{uuid.uuid4().hex}.tmp"
         self._write_text(tmp, text)

@@ -6,13 +6,17 @@ with the comparison's prefix; docs/evidence.md prints the same queries, so each 
 
 - `CHECKPOINTS`: each evaluated checkpoint's cost on three axes: the run's generated tokens before it (the
   rounds that trained it and every round before; evaluation excluded), its optimizer steps, and its
-  wall-clock seconds (the checkpoint's `created_at` less the run's; this includes the held-out evaluations
-  of the earlier checkpoints, the same work per checkpoint in every arm).
+  wall-clock seconds (the checkpoint's `created_at` less the run's first; this includes the held-out
+  evaluations and reports of the earlier checkpoints, a cost per checkpoint, so arms with more, cheaper
+  rounds pay more of it, and any time the run stood stopped before it was resumed).
 - `PASS`: per-prompt pass@1 (and tokens) of every evaluated checkpoint on a split (`heldout`, or an
-  external `dataset:<name>`).
-- `GROUPS`: the share of collected groups whose rewards differ (the groups that give GRPO a non-zero
-  advantage: the informative-group ratio), over every round's rollouts as landed (LoPE replacements
-  included, groups discarded by DAPO not).
+  external `dataset:<name>`); a checkpoint evaluated again (`refinery eval`) samples with the same seed, so
+  its first evaluation stands for it.
+- `GROUPS`: the informative-group ratio: groups whose rewards differ (standard deviation above 1e-6, the
+  trainer's zero-variance threshold: the groups that give GRPO a non-zero advantage), over every group
+  generated. A kept group is read as trained, from `rollouts` (LoPE's
+  replacements included: rescuing a group is what LoPE is for); the groups DAPO generated and discarded
+  count as generated and never informative, so over-sampling does not get its ratio for free.
 - `DISCARDED`: rollouts generated and dropped (DAPO's zero-variance and surplus groups) as a share of all
   rollouts generated.
 - `TOKENS`: generated tokens by purpose (rollout, lope, teacher, mcmc, rescore, eval).
@@ -41,7 +45,9 @@ WITH spent AS (SELECT run_id, round, sum(tokens) AS tokens FROM generated_tokens
                  WHERE starts_with(run_id, '{prefix}') GROUP BY ALL),
      started AS (SELECT run_id, min(created_at) AS t0 FROM runs WHERE starts_with(run_id, '{prefix}') GROUP BY ALL),
      versions AS (SELECT DISTINCT run_id, policy_version FROM eval_results
-                  WHERE split = 'heldout' AND starts_with(run_id, '{prefix}'))
+                  WHERE split = 'heldout' AND starts_with(run_id, '{prefix}')),
+     made AS (SELECT run_id, policy_version, min(created_at) AS created_at FROM checkpoints
+              WHERE starts_with(run_id, '{prefix}') GROUP BY ALL)
 SELECT v.run_id, v.policy_version,
        (SELECT coalesce(sum(s.tokens), 0) FROM spent s
         WHERE s.run_id = v.run_id AND s.round < v.policy_version) AS tokens,
@@ -50,7 +56,7 @@ SELECT v.run_id, v.policy_version,
        CASE WHEN v.policy_version = 0 THEN 0.0
             ELSE epoch(c.created_at) - epoch(st.t0) END AS seconds
 FROM versions v JOIN started st USING (run_id)
-LEFT JOIN checkpoints c ON c.run_id = v.run_id AND c.policy_version = v.policy_version
+LEFT JOIN made c ON c.run_id = v.run_id AND c.policy_version = v.policy_version
 ORDER BY v.run_id, v.policy_version
 """.strip()
 
@@ -58,14 +64,19 @@ PASS = """
 SELECT run_id, policy_version, prompt_id, n_correct / n_samples AS pass1, n_samples, n_correct, n_tokens
 FROM eval_results
 WHERE split = '{split}' AND starts_with(run_id, '{prefix}')
+QUALIFY row_number() OVER (PARTITION BY run_id, policy_version, prompt_id ORDER BY round) = 1
 ORDER BY run_id, policy_version, prompt_id
 """.strip()
 
 GROUPS = """
-SELECT run_id, count(*) AS groups, avg(CASE WHEN hi > lo THEN 1.0 ELSE 0.0 END) AS informative
-FROM (SELECT run_id, round, prompt_id, min(reward) AS lo, max(reward) AS hi FROM rollouts
-      WHERE starts_with(run_id, '{prefix}') GROUP BY ALL)
-GROUP BY run_id ORDER BY run_id
+WITH kept AS (SELECT run_id, round, prompt_id, stddev_pop(reward) > 1e-6 AS informative FROM rollouts
+              WHERE starts_with(run_id, '{prefix}') GROUP BY ALL),
+     dropped AS (SELECT run_id, count(DISTINCT (round, gen_batch, prompt_id)) AS groups FROM discarded_rollouts
+                 WHERE starts_with(run_id, '{prefix}') GROUP BY ALL)
+SELECT k.run_id, count(*) AS kept_groups, coalesce(any_value(d.groups), 0) AS discarded_groups,
+       sum(CASE WHEN k.informative THEN 1 ELSE 0 END) AS informative_groups,
+       sum(CASE WHEN k.informative THEN 1 ELSE 0 END) / (count(*) + coalesce(any_value(d.groups), 0)) AS informative
+FROM kept k LEFT JOIN dropped d USING (run_id) GROUP BY k.run_id ORDER BY k.run_id
 """.strip()
 
 DISCARDED = """
@@ -128,6 +139,8 @@ def run_curves(store: Store, prefix: str, run_ids: list[str]) -> dict[str, RunCu
         if np.isnan(matrix).any():
             raise ValueError(f"run {run_id}: its checkpoints were evaluated on different held-out prompts")
         versions = pts["policy_version"].to_list()
+        if versions[0] != 0:
+            raise ValueError(f"run {run_id}: its base model (version 0) has no held-out evaluation")
         if wide["policy_version"].to_list() != versions:
             raise ValueError(f"run {run_id}: evaluated versions and checkpoints disagree")
         costs = {axis: [float(x) for x in pts[axis].to_list()] for axis in AXES}

@@ -40,6 +40,7 @@ class ArmFigures:
     discarded_share: float
     tokens_per_correct: float
     external: dict[str, dict[str, tuple[Interval, Interval | None]]] = field(default_factory=dict)
+    paired_base: dict[str, float] = field(default_factory=dict)  # axis -> the base arm's mean over the paired seeds
 
 
 @dataclass
@@ -53,15 +54,17 @@ class Evidence:
     samples: int
     curves: dict = field(default_factory=dict)  # run_id -> RunCurve
     by_arm: dict[str, list[str]] = field(default_factory=dict)
+    external_base: dict[str, dict[str, Interval]] = field(default_factory=dict)  # dataset -> kind -> version 0
 
 
-def _paired(a_curves, b_curves, a_seeds, b_seeds, axis, budget) -> Interval | None:
+def _paired(a_curves, b_curves, a_seeds, b_seeds, axis, budget) -> tuple[Interval | None, float]:
+    """The paired difference a - b over the seeds both arms ran, and b's mean over those seeds."""
     common = [s for s in a_seeds if s in b_seeds]
     if not common:
-        return None
+        return None, float("nan")
     a = arm_at([a_curves[a_seeds.index(s)] for s in common], axis, budget)
     b = arm_at([b_curves[b_seeds.index(s)] for s in common], axis, budget)
-    return None if a is None or b is None else paired_difference(a, b)
+    return (None, float("nan")) if a is None or b is None else (paired_difference(a, b), float(b.mean()))
 
 
 def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), base_arm: str = "uniform") -> Evidence:
@@ -84,8 +87,9 @@ def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), ba
         ids, seeds = [r.run_id for r in runs[a]], [r.seed for r in runs[a]]
         mine = [curves[i] for i in ids]
         at = {axis: bootstrap_mean(arm_at(mine, axis, budgets[axis])) for axis in AXES}
-        diff = {axis: None if a == base_arm else _paired(mine, base_curves, seeds, base_seeds, axis, budgets[axis])
-                for axis in AXES}
+        pairs = {axis: (None, float("nan")) if a == base_arm else
+                 _paired(mine, base_curves, seeds, base_seeds, axis, budgets[axis]) for axis in AXES}
+        diff = {axis: d for axis, (d, _) in pairs.items()}
         last = bootstrap_mean(np.vstack([c.pass1[-1] for c in mine]))
         spent = tokens.filter(pl.col("run_id").is_in(ids))
         purposes = {p: float(spent.filter(pl.col("purpose") == p)["tokens"].sum()) / len(ids)
@@ -99,25 +103,36 @@ def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), ba
             arm=a, run_ids=ids, seeds=seeds, rounds=float(np.mean([len(c.versions) - 1 for c in mine])),
             tokens=float(np.mean([c.last("tokens") for c in mine])), at=at, diff=diff, last=last,
             purposes=purposes,
-            informative=float((g["informative"] * g["groups"]).sum() / max(1, g["groups"].sum())),
+            informative=float(g["informative_groups"].sum() / max(1, g["kept_groups"].sum() + g["discarded_groups"].sum())),
             discarded_share=float(d["discarded"].sum() / max(1, d["kept"].sum() + d["discarded"].sum())),
-            tokens_per_correct=float(final["n_tokens"].sum() / max(1, final["n_correct"].sum())))
+            tokens_per_correct=float(final["n_tokens"].sum() / max(1, final["n_correct"].sum())),
+            paired_base={axis: b for axis, (_, b) in pairs.items()})
         for name, rows in ext.items():
             fig.external[name] = _external(rows, kinds[name], ids, seeds, runs[base_arm], a == base_arm)
         out.append(fig)
     v0 = np.vstack([c.pass1[0] for c in curves.values()])
+    external_base = {}
+    for name, rows in ext.items():  # the base model, scored once per comparison: the first run that has it
+        base_rows = rows.filter(pl.col("policy_version") == 0)
+        if base_rows.height:
+            first = base_rows.filter(pl.col("run_id") == base_rows["run_id"].min()).sort("prompt_id")
+            external_base[name] = {k: bootstrap_mean(first.filter(pl.col("prompt_id").is_in(keep))["pass1"]
+                                                     .to_numpy()[None, :])
+                                   for k, keep in _kind_groups(kinds[name]).items()}
     return Evidence(prefix, base_arm, budgets, bootstrap_mean(v0[:1]), out,
                     heldout_prompts=len(next(iter(curves.values())).prompt_ids),
                     samples=int(heldout["n_samples"].max()), curves=curves,
-                    by_arm={a: [r.run_id for r in runs[a]] for a in arms})
+                    by_arm={a: [r.run_id for r in runs[a]] for a in arms}, external_base=external_base)
 
 
 def _kinds(store: Store, name: str) -> dict[str, str]:
     """prompt_id -> meta.kind of a dataset's prompts ('all' where the file has no kinds)."""
     from storage.query import sql
+    from storage.store import check_name
 
+    check_name("dataset name", name)  # so the name needs no quoting below
     t = pl.from_arrow(sql(store, f"SELECT prompt_id, json_extract_string(meta, '$.kind') AS kind FROM prompts "
-                                 f"WHERE source = '{name}'"))  # name passed check_name in query()
+                                 f"WHERE source = '{name}'"))
     return {p: k or "all" for p, k in zip(t["prompt_id"], t["kind"])}
 
 
@@ -133,11 +148,15 @@ def _last_matrix(rows: pl.DataFrame, run_ids: list[str], keep) -> np.ndarray | N
     return np.vstack(mats) if mats and len({m.size for m in mats}) == 1 and mats[0].size else None
 
 
+def _kind_groups(kinds: dict[str, str]) -> dict[str, list[str]]:
+    """'all' and, when the file has more than one kind, each kind: its prompt ids."""
+    labels = sorted(set(kinds.values()))
+    return {"all": list(kinds)} | ({k: [p for p, v in kinds.items() if v == k] for k in labels} if len(labels) > 1 else {})
+
+
 def _external(rows, kinds, ids, seeds, base_runs, is_base) -> dict[str, tuple[Interval, Interval | None]]:
     out = {}
-    groups = {"all": list(kinds)} | ({k: [p for p, v in kinds.items() if v == k] for k in sorted(set(kinds.values()))}
-                                     if len(set(kinds.values())) > 1 else {})
-    for label, keep in groups.items():
+    for label, keep in _kind_groups(kinds).items():
         x = _last_matrix(rows, ids, keep)
         if x is None:
             continue
@@ -153,10 +172,12 @@ def _external(rows, kinds, ids, seeds, base_runs, is_base) -> dict[str, tuple[In
 
 # ---- the page ------------------------------------------------------------------------------------------------
 def _iv(x: Interval | None, signed: bool = False) -> str:
+    """mean [low, high]; a difference (signed) also says over how many paired seeds."""
     if x is None:
         return "n/a"
     f = "{:+.3f}" if signed else "{:.3f}"
-    return f"{f.format(x.mean)} [{f.format(x.low)}, {f.format(x.high)}]"
+    text = f"{f.format(x.mean)} [{f.format(x.low)}, {f.format(x.high)}]"
+    return text + (f" ({x.seeds} seed{'s' * (x.seeds > 1)})" if signed else "")
 
 
 def verdict(ev: Evidence, arm: str = "refinery") -> list[str]:
@@ -166,8 +187,8 @@ def verdict(ev: Evidence, arm: str = "refinery") -> list[str]:
     base = next(f for f in ev.arms if f.arm == ev.base_arm)
     if fig is None or fig.arm == base.arm:
         return []
-    d = fig.diff["tokens"]
-    rel = d.mean / base.at["tokens"].mean if d is not None and base.at["tokens"].mean > 0 else float("nan")
+    d, base_mean = fig.diff["tokens"], fig.paired_base["tokens"]
+    rel = d.mean / base_mean if d is not None and base_mean > 0 else float("nan")  # over the paired seeds
     checks = [
         (f"`{arm}` >= `{base.arm}` + 10% relative on held-out pass@1 at {ev.budgets['tokens']:.0f} tokens",
          d is not None and rel >= 0.10, f"{rel:+.1%} relative" if d is not None else "no paired seeds"),
@@ -187,12 +208,14 @@ def ablation_lines(ev: Evidence, full: str = "refinery") -> list[str]:
     for f in ev.arms:
         if not f.arm.startswith("no_"):
             continue
-        d = _paired([ev.curves[i] for i in f.run_ids], [ev.curves[i] for i in figs[full].run_ids], f.seeds,
-                    figs[full].seeds, "tokens", ev.budgets["tokens"])
+        d, _ = _paired([ev.curves[i] for i in f.run_ids], [ev.curves[i] for i in figs[full].run_ids], f.seeds,
+                       figs[full].seeds, "tokens", ev.budgets["tokens"])
         if d is None:
             continue
-        what = ("removing it helps: this part hurts" if d.low > 0 else
-                "removing it hurts: this part helps" if d.high < 0 else "no difference shown")
+        what = ("pass@1 higher without it" if d.low > 0 else "pass@1 lower without it" if d.high < 0
+                else "no difference shown")
+        if d.seeds == 1:
+            what += " (one seed: the interval resamples prompts only, not training randomness)"
         out.append(f"| `{f.arm}` | {len(set(f.seeds) & set(figs[full].seeds))} | {_iv(d, True)} | {what} |")
     return out
 
@@ -202,7 +225,11 @@ def tables(ev: Evidence, datasets: list[str]) -> str:
     lines = [f"### Held-out pass@1 at matched budgets ({ev.heldout_prompts} prompts x {ev.samples} samples)", "",
              f"The matched budgets are the largest every run reached: {ev.budgets['tokens']:.0f} generated tokens, "
              f"{ev.budgets['steps']:.0f} optimizer steps, {ev.budgets['seconds']:.0f} wall-clock seconds. The base "
-             f"model (version 0, the same in every run) scores {_iv(ev.base_model)} (prompts resampled only).", "",
+             f"model (version 0, the same in every run) scores {_iv(ev.base_model)} (prompts resampled only). A "
+             "difference is paired over the seeds both arms ran (the count is in brackets); with one seed its "
+             "interval resamples prompts only and says nothing of training randomness, and with three the "
+             "percentile bootstrap understates it. The last-checkpoint column is not at equal compute: a run "
+             "stops once past the budget, so its last checkpoint overshoots by up to a round (tokens/run).", "",
              f"| arm | seeds | rounds | tokens/run | pass@1 @ tokens | vs `{base}` | pass@1 @ steps | vs `{base}` "
              f"| pass@1 @ seconds | vs `{base}` | last checkpoint |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -211,9 +238,9 @@ def tables(ev: Evidence, datasets: list[str]) -> str:
                      f"{_iv(f.diff['tokens'], True)} | {_iv(f.at['steps'])} | {_iv(f.diff['steps'], True)} | "
                      f"{_iv(f.at['seconds'])} | {_iv(f.diff['seconds'], True)} | {_iv(f.last)} |")
     purposes = sorted({p for f in ev.arms for p in f.purposes})
-    lines += ["", "### Budget accounting (means per run)", "",
+    lines += ["", "### Budget accounting (tokens: means per run; ratios: pooled over the arm's runs)", "",
               "| arm | " + " | ".join(f"{p} tokens" for p in purposes) + " | informative groups | discarded "
-              "rollouts | tokens per correct held-out answer |",
+              "rollouts | evaluation tokens per correct held-out answer (last checkpoint) |",
               "|---|" + "---|" * (len(purposes) + 3)]
     for f in ev.arms:
         lines.append(f"| `{f.arm}` | " + " | ".join(f"{f.purposes.get(p, 0.0):.0f}" for p in purposes)
@@ -223,8 +250,11 @@ def tables(ev: Evidence, datasets: list[str]) -> str:
         if not labels:
             continue
         lines += ["", f"### External set `{name}`: pass@1 of each run's last checkpoint", "",
+                  "Not at equal compute (see the last-checkpoint column above).", "",
                   "| arm | " + " | ".join(f"{k} | {k} vs `{base}`" for k in labels) + " |",
                   "|---|" + "---|---|" * len(labels)]
+        if name in ev.external_base:
+            lines.append("| base model | " + " | ".join(f"{_iv(ev.external_base[name].get(k))} | " for k in labels) + " |")
         for f in ev.arms:
             cells = [f.external.get(name, {}).get(k) for k in labels]
             lines.append(f"| `{f.arm}` | " + " | ".join("n/a | n/a" if c is None else f"{_iv(c[0])} | {_iv(c[1], True)}"
@@ -272,9 +302,9 @@ def plots(ev: Evidence) -> dict:
 
 def sql_section(prefix: str, datasets: list[str]) -> str:
     parts = ["## The SQL behind each number", "",
-             "Each query runs as is with `refinery sql --store STORE \"...\"` (the page's numbers are computed "
-             "from exactly these results: interpolation and the bootstrap are tasks/core/curves.py and "
-             "tasks/core/stats.py)."]
+             "Each query runs as is with `refinery sql --store STORE \"...\"`; the page's numbers are computed "
+             "from their results, restricted to the runs it lists (interpolation and the bootstrap are "
+             "tasks/core/curves.py and tasks/core/stats.py)."]
     for name, what in [("CHECKPOINTS", "each checkpoint's cost: tokens, steps and seconds before it"),
                        ("PASS", "per-prompt held-out pass@1 of every checkpoint"),
                        ("GROUPS", "informative-group ratio per run"),

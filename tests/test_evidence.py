@@ -108,13 +108,17 @@ def test_budget_accounting_matches_the_rollouts(compared):
     for f in ev.arms:
         mine = rollouts.filter(pl.col("run_id").is_in(f.run_ids))
         spread = mine.group_by("run_id", "round", "prompt_id").agg(pl.col("reward").n_unique() > 1)
-        assert f.informative == pytest.approx(spread["reward"].mean())
-        gone = discarded.filter(pl.col("run_id").is_in(f.run_ids)).height
+        dropped = discarded.filter(pl.col("run_id").is_in(f.run_ids))
+        groups = spread.height + dropped.select("run_id", "round", "gen_batch", "prompt_id").unique().height
+        assert f.informative == pytest.approx(spread["reward"].sum() / groups)
+        gone = dropped.height
         assert f.discarded_share == pytest.approx(gone / (gone + mine.height))
         ledger = scan(store, "generated_tokens").filter(pl.col("run_id").is_in(f.run_ids)).collect()
         assert f.purposes["rollout"] == pytest.approx(ledger.filter(pl.col("purpose") == "rollout")["tokens"].sum()
                                                       / len(f.run_ids))
     assert next(f for f in ev.arms if f.arm == "uniform").discarded_share == 0
+    dapo = next(f for f in ev.arms if f.arm == "dapo_filter")
+    assert dapo.discarded_share > 0 and dapo.informative < 1  # its discarded groups count as generated
     assert "lope" not in next(f for f in ev.arms if f.arm == "uniform").purposes
 
 
@@ -141,7 +145,13 @@ def test_the_page_prints_its_queries_and_they_reproduce_its_numbers(compared, tm
         text = query(name, "ev")
         assert text in page
         assert sql(store, text).num_rows > 0  # each runs as printed
-    assert "| `refinery` | 2 | 1.0 |" in page and "External set `ext`" in page
+    assert "| `refinery` | 2 | 1.0 |" in page and "External set `ext`" in page and "| base model |" in page
+    # the printed GROUPS query gives the page's informative-group ratio (pooled over the arm's runs)
+    groups = sql(store, query("GROUPS", "ev")).to_pylist()
+    for f in ev.arms:
+        mine = [g for g in groups if g["run_id"] in f.run_ids]
+        pooled = sum(g["informative_groups"] for g in mine) / sum(g["kept_groups"] + g["discarded_groups"] for g in mine)
+        assert f.informative == pytest.approx(float(pooled)) and f"| {f.informative:.3f} |" in page
     assert "## Result against the goal" in page and "informative-group ratio >= 0.85" in page
     figs = plots(ev)
     assert sorted(figs) == ["pass1_vs_seconds", "pass1_vs_steps", "pass1_vs_tokens"]
@@ -157,10 +167,16 @@ def test_evidence_script_writes_the_page_of_the_finished_runs(compared, tmp_path
     spec.loader.exec_module(evidence)
     store, _, _ = compared
     out = tmp_path / "docs" / "evidence.md"
-    assert evidence.main(["--store", store.root, "--seeds", "2", "--out", str(out)]) == 2
+    sets = [x for s in SETS for x in ("--set", s)]
+    assert evidence.main(["--store", store.root, "--seeds", "2", "--out", str(out), *sets]) == 2
     assert "planned run(s) not finished (first: ev-eps_kmeans-s0)" in capsys.readouterr().err
+    # runs made with other settings than the design's (here: without the scripted overrides) are refused
+    assert evidence.main(["--store", store.root, "--seeds", "2", "--partial", "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("evidence: ev-uniform-s0 was not run with this design: differs in: ") and "model.backend" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
     assert evidence.main(["--store", store.root, "--seeds", "2", "--partial", "--out", str(out),
-                          "--json", str(tmp_path / "e.json")]) == 0
+                          "--json", str(tmp_path / "e.json"), *sets]) == 0
     page = out.read_text()
     assert "Not finished when this page was written, so left out: `ev-eps_kmeans-s0`" in page
     assert "| `uniform` | 2 |" in page and "| `dapo_filter` | 1 |" in page
@@ -174,4 +190,23 @@ def test_a_missing_external_file_is_refused_before_any_run(prefect_api, store, t
     code, _, err = run_cli("compare", "--arms", "uniform", "--seeds", "1", "--store", store.root,
                            "--dataset", str(tmp_path / "nope.jsonl"), *[x for s in SETS for x in ("--set", s)])
     assert code != 0 and "nope.jsonl" in err and len(err.strip().splitlines()) == 1
+    for folder in ("a", "b"):  # two files of one name would collide in eval_results' split
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "ext.jsonl").write_text(json.dumps(EXTERNAL[0]) + "\n")
+    code, _, err = run_cli("compare", "--arms", "uniform", "--seeds", "1", "--store", store.root,
+                           "--dataset", str(tmp_path / "a" / "ext.jsonl"), "--dataset", str(tmp_path / "b" / "ext.jsonl"),
+                           *[x for s in SETS for x in ("--set", s)])
+    assert code != 0 and "share the name 'ext'" in err and len(err.strip().splitlines()) == 1
     assert not (Path(store.root) / "runs").exists()
+
+
+def test_a_checkpoint_evaluated_again_counts_once(compared):
+    store, planned, _ = compared
+    before = build(store, "ev", planned, ["ext"])
+    code, _, err = run_cli("eval", "--run-id", "ev-uniform-s1", "--checkpoint", "1", "--store", store.root)
+    assert code == 0, err
+    again = sql(store, "SELECT count(*) AS n FROM eval_results WHERE run_id = 'ev-uniform-s1' AND split = 'heldout' "
+                       "AND policy_version = 1").to_pylist()[0]["n"]
+    assert again == 2 * before.heldout_prompts  # landed twice (stage eval-v1), counted once
+    after = build(store, "ev", planned, ["ext"])
+    assert [f.at for f in after.arms] == [f.at for f in before.arms]

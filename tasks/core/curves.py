@@ -48,8 +48,3 @@ def matched_budget(last_costs) -> float:
         raise ValueError("no runs to match")
     return min(last)
 
-
-def grid(last_costs, points: int = 25) -> np.ndarray:
-    """Budgets from 0 to the largest last cost, for a curve: each run contributes where it reached."""
-    top = max(float(x) for x in last_costs)
-    return np.linspace(0.0, top, points)
