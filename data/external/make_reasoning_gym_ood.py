@@ -6,7 +6,7 @@ this script. It runs offline in the project's own environment:
 
 Two kinds of question, 25 each per task, seeded (seed 20261201 + the task's number below; 2 was leg_counting's), in task order:
 - `near`: tasks the default training pool draws from (basic_arithmetic, products), at difficulty levels it
-  never uses (three terms instead of two; multiplication and division in basic_arithmetic);
+  never uses (three terms instead of two; multiplication among the operators of basic_arithmetic);
 - `far`: tasks the pool never uses (gcd, lcm, letter_counting), at easy levels, since the 135M policy solves
   few of the hard ones (DeepMind's mathematics_dataset, the other external set, sits at pass@1 0.03 for it).
 Checked against the base model once, before any comparison ran (`refinery eval --dataset`, 4 samples per
