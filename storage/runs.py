@@ -8,6 +8,9 @@ The run lock keeps two processes (a CLI run, a deployment's flow run, a rescore)
 run id at once. It is an OS file lock (`Store.lock`), so the kernel releases it when its holder dies, even
 by SIGKILL. Whoever takes the lock next and finds the run's latest row still `running`/`resumed` knows that
 holder died without saying so, and records `failed` before resuming: `runs` then tells the whole story.
+On an `s3://` store the file lock excludes processes of one machine only, so the run lock also takes a lease
+object in the bucket (storage/lease.py: a conditional PUT, renewed while held, taken over once expired): a
+second host on the same run id is refused, naming the holder.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import polars as pl
 import pyarrow as pa
 from filelock import Timeout
 
+from storage import lease
 from storage.query import scan
 from storage.store import Store
 
@@ -79,6 +83,12 @@ def run_lock(store: Store, run_id: str) -> Iterator[None]:
         except Timeout:
             raise RunLocked(f"run {run_id} is already running ({_holder(store, run_id)}); wait for it to finish, "
                             "or choose another run id") from None
+        if lease.supported(store):
+            try:
+                held.enter_context(lease.held(store, f"run-{run_id}"))
+            except lease.LeaseHeld as e:
+                raise RunLocked(f"run {run_id} is already running ({e}); wait for it to finish, or choose "
+                                "another run id") from None
         rows = run_rows(store, run_id)
         if rows.height and rows["status"][-1] in LIVE:
             last = rows.row(-1, named=True)

@@ -7,11 +7,12 @@ S3 has no rename: a commit writes its parts in place under `attempt=<uuid>` and 
 import json
 import os
 import signal
+import sys
 import time
 import uuid
 
 import pytest
-from conftest import run_cli, run_python
+from conftest import ROOT, run_cli, run_python
 from test_eval_dataset import SETS as SCRIPTED
 
 from storage.query import sql
@@ -141,3 +142,60 @@ Store({root!r}).commit("x", {{"generated_tokens": t}}, run_id="r", round=0)
     removed = store.cleanup()  # the dead writer's claim first, then the attempt it claimed
     assert any("/.tmp/" in p for p in removed) and any("/attempt=" in p for p in removed)
     assert not _keys(client, bucket, "faults/generated_tokens/") and not _keys(client, bucket, "faults/.tmp/")
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from storage.runs import run_lock
+from storage.store import Store
+with run_lock(Store(sys.argv[1]), "busy"):
+    Path(sys.argv[2]).touch()
+    while not Path(sys.argv[3]).exists():
+        time.sleep(0.05)
+"""
+
+
+def test_a_second_host_on_a_running_run_id_is_refused_naming_the_holder(s3, tmp_path):
+    """Another machine: its own local lock folder (XDG_CACHE_HOME), the same bucket. Only the lease stops it."""
+    import subprocess
+
+    from storage.runs import RunLocked, run_lock
+
+    _, bucket = s3
+    root = f"s3://{bucket}/locks"
+    held, done = tmp_path / "held", tmp_path / "done"
+    other = subprocess.Popen([sys.executable, "-c", HOLD, root, str(held), str(done)], cwd=ROOT,
+                             env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "other-host-cache")})
+    try:
+        deadline = time.time() + 60
+        while not held.exists():
+            assert other.poll() is None and time.time() < deadline
+            time.sleep(0.05)
+        with pytest.raises(RunLocked) as refused:
+            with run_lock(Store(root), "busy"):
+                pass
+        assert str(refused.value).startswith(f"run busy is already running (pid {other.pid} on ")
+        assert "lease in the store" in str(refused.value) and "\n" not in str(refused.value)
+    finally:
+        done.touch()
+        other.wait(timeout=60)
+    with run_lock(Store(root), "busy"):  # released: the lease went with its holder
+        pass
+
+
+def test_an_expired_lease_is_taken_over_and_a_held_one_renewed(s3, monkeypatch):
+    from storage.runs import run_lock
+
+    client, bucket = s3
+    key = "expired/.leases/run-r.json"
+    client.put_object(Bucket=bucket, Key=key, Body=json.dumps(
+        {"host": "gone-host", "pid": 1, "token": "old", "expires_at": time.time() - 1}).encode())
+    monkeypatch.setenv("REFINERY_LEASE_TTL_S", "0.6")
+    with run_lock(Store(f"s3://{bucket}/expired"), "r"):
+        first = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        assert first["pid"] == os.getpid() and first["token"] != "old"
+        time.sleep(1.5)  # past the TTL: renewed meanwhile, so still ours and unexpired
+        later = json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        assert later["token"] == first["token"] and later["expires_at"] > time.time()
+    assert not _keys(client, bucket, key)  # released
