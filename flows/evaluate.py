@@ -107,7 +107,10 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
     else:
         ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,
                            base=config.model.policy, rounds=config.rounds, model=config.model)
-        out = evaluate_versions(s, ctx, [(checkpoint, r["path"])], config.eval, config.rollout, config.reward,
+        from models.checkpoints import local_copy
+
+        out = evaluate_versions(s, ctx, [(checkpoint, local_copy(s, r["path"]))], config.eval, config.rollout,
+                                config.reward,
                                 stage=stage, prompts=prompts, split=split)
     landed = scan(s, "evals").filter(mine).sort("round", "split").collect()
     return {"run_id": run_id, "policy_version": checkpoint, "stage": out, "split": split,

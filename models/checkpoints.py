@@ -4,7 +4,9 @@ Layout: `<store>/_checkpoints/run_id=<run>/v<version>/` (a transformers folder: 
 tokenizer). A folder is written under a temporary name and renamed into place; it only counts once the train
 stage that made it has landed its `checkpoints` row, so a crash mid-save leaves nothing a reader would use,
 and the rerun overwrites it. Version 0 is the run's starting model; its row points at the resolved base.
-For an object-store root the folders live in the local model cache instead (transformers loads local folders).
+For a remote root (s3://...) the folder is written in the local model cache (transformers loads local
+folders) and then uploaded to `<store>/_checkpoints/run_id=<run>/v<version>/`, and the row records that URI,
+so any host can continue the run: `local_copy` fetches a recorded remote folder into its own cache once.
 Which checkpoints a run has, and its newest, are store bookkeeping: storage/checkpoints.py.
 """
 
@@ -31,8 +33,38 @@ def checkpoint_dir(store: Store, run_id: str, version: int) -> Path:
     return checkpoint_root(store) / f"run_id={run_id}" / f"v{version}"
 
 
-def save_checkpoint(model, tokenizer, store: Store, run_id: str, version: int) -> Path:
-    """Write the model (full weights, or a LoRA model merged into them) and its tokenizer; return the folder."""
+def remote_checkpoint(store: Store, run_id: str, version: int) -> str:
+    """Where a remote store keeps checkpoint `version` of `run_id` (a URI)."""
+    return store.full(f"_checkpoints/run_id={run_id}/v{version}")
+
+
+def local_copy(store: Store, path: str) -> str:
+    """A local folder holding the recorded checkpoint `path`: `path` itself, unless it is a URI of this
+    (remote) store, which is fetched into the local cache once (into a temporary folder, then renamed)."""
+    if store.local or "://" not in path:
+        return path
+    prefix = store.full("_checkpoints") + "/"
+    if not path.startswith(prefix):
+        return path
+    dest = checkpoint_root(store) / path[len(prefix):]
+    if (dest / "config.json").is_file():
+        return str(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex}.fetch"
+    try:
+        store.fs.get(store.fs._strip_protocol(path) + "/", str(tmp) + "/", recursive=True)
+    except FileNotFoundError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise FileNotFoundError(f"checkpoint {path} is recorded but missing from the store") from None
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+    return str(dest)
+
+
+def save_checkpoint(model, tokenizer, store: Store, run_id: str, version: int) -> str:
+    """Write the model (full weights, or a LoRA model merged into them) and its tokenizer; return where it is
+    recorded (the folder, or for a remote store the URI it was uploaded to)."""
     dest = checkpoint_dir(store, run_id, version)
     dest.parent.mkdir(parents=True, exist_ok=True)
     for stale in dest.parent.glob(f".v{version}.*.tmp"):  # a save that crashed half-way
@@ -45,7 +77,13 @@ def save_checkpoint(model, tokenizer, store: Store, run_id: str, version: int) -
     if dest.exists():  # an unrecorded folder from a run that crashed before its train stage landed
         shutil.rmtree(dest)
     os.replace(tmp, dest)
-    return dest
+    if store.local:
+        return str(dest)
+    # uploaded before the train stage commits its row: a crash mid-upload leaves objects no row names, and the
+    # stage's rerun uploads the same files again over them
+    remote = remote_checkpoint(store, run_id, version)
+    store.fs.put(str(dest) + "/", store.fs._strip_protocol(remote) + "/", recursive=True)
+    return remote
 
 
 
@@ -54,6 +92,8 @@ def policy_for_round(store: Store, run_id: str, round: int, base: str) -> tuple[
     """(policy_version, model spec) that samples round `round`: the newest checkpoint made before it, else the
     configured base model as version 0. Raises FileNotFoundError when that checkpoint's folder is gone."""
     version, path = newest_checkpoint(store, run_id, base, before_round=round)
+    if version:
+        path = local_copy(store, path)
     if version and not Path(path).is_dir():
         raise FileNotFoundError(f"run {run_id}: checkpoint v{version} is recorded at {path}, but that folder is gone")
     return version, path

@@ -5,8 +5,9 @@ A file lock only excludes processes of one machine. On an `s3://` root the run l
 - take: PUT with `If-None-Match: *`, which S3 accepts only if no lease exists, so of two hosts racing for a
   run exactly one gets it;
 - a lease that exists and has not expired names its holder, and the run is refused;
-- an expired lease (its holder stopped renewing it: dead, or cut off) is replaced with `If-Match: <its ETag>`,
-  so of two hosts taking over the same expired lease one wins;
+- an expired lease (its holder stopped renewing it: dead, or cut off), or one whose holder ran on this host
+  and is gone (a SIGKILLed run restarted here need not wait out the TTL), is replaced with
+  `If-Match: <its ETag>`, so of two hosts taking over the same lease one wins;
 - while held, a daemon thread renews it every `ttl / 3` seconds, again with `If-Match`, so a lease taken over
   meanwhile is never overwritten (the renewer then logs that it lost the lease and stops);
 - release deletes it if it is still ours.
@@ -98,6 +99,13 @@ def _read(fs, bucket: str, key: str) -> tuple[dict, str] | None:
     return (holder if isinstance(holder, dict) else {}), etag
 
 
+def _dead_here(holder: dict) -> bool:
+    """The holder ran on this host and its process is gone (killed: a restart here need not wait out the TTL)."""
+    from storage.cleanup import pid_alive
+
+    return holder.get("host") == socket.gethostname() and not pid_alive(holder.get("pid"))
+
+
 def take(store, name: str, ttl: float | None = None) -> _Lease:
     """Take lease `name` or raise LeaseHeld naming its holder."""
     fs, ttl = store.fs, ttl or ttl_s()
@@ -113,9 +121,9 @@ def take(store, name: str, ttl: float | None = None) -> _Lease:
         if current is None:
             continue
         holder, etag = current
-        if float(holder.get("expires_at", 0)) > time.time():
+        if float(holder.get("expires_at", 0)) > time.time() and not _dead_here(holder):
             raise LeaseHeld(holder)
-        try:  # expired: its holder stopped renewing it; take it over unless another host just did
+        try:  # expired, or its holder died on this host: take it over unless another process just did
             put = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=_body(token, ttl), IfMatch=etag)
             log.warning("took over the expired lease %s of pid %s on %s", key, holder.get("pid"), holder.get("host"))
             return _Lease(bucket, key, token, put["ETag"])

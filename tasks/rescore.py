@@ -56,6 +56,10 @@ def rescore(store: Store, run_id: str, model: ModelConfig, cfg: RolloutConfig, r
                          "before rescoring its reserve pool")
     last = scan(store, "pool").filter(pl.col("run_id") == run_id).select(pl.col("round").max()).collect().item()
     version, path = newest_checkpoint(store, run_id, model.policy)
+    if version:
+        from models.checkpoints import local_copy
+
+        path = local_copy(store, path)
     stage = f"rescore-v{version}"
     head = {"stage": "rescore", "run_id": run_id, "round": last, "policy_version": version}
     if store.landed(run_id, last, stage):

@@ -116,6 +116,21 @@ def test_a_run_killed_mid_collect_resumes_on_s3_with_the_rows_of_an_uninterrupte
     code, out, err = run_cli("report", "s3run", "--out", str(tmp_path / "report"), "--store", root)
     assert code == 0 and (tmp_path / "report" / "index.html").exists(), err
 
+    # another host continues the run: checkpoints are recorded in the bucket, fetched into its own cache
+    import shutil
+
+    from models.checkpoints import checkpoint_root
+
+    (path,) = sql(store, "SELECT path FROM checkpoints WHERE policy_version = 1").column("path").to_pylist()
+    assert path == f"{root}/_checkpoints/run_id=s3run/v1"
+    assert "runs/_checkpoints/run_id=s3run/v1/config.json" in _keys(client, bucket, "runs/_checkpoints/")
+    shutil.rmtree(checkpoint_root(store))  # nothing of the first host's cache is left
+    code, out, err = run_cli("run", "--run-id", "s3run", "--rounds", "2", "--store", root,
+                             *[x for s in SETS for x in ("--set", s)])
+    assert code == 0, err
+    (evaluated,) = sql(store, "SELECT max(policy_version) AS v FROM evals").column("v").to_pylist()
+    assert evaluated == 2 and (checkpoint_root(store) / "run_id=s3run" / "v1" / "config.json").is_file()
+
 
 def test_a_commit_killed_before_its_record_is_invisible_and_cleaned_up(s3, tmp_path):
     client, bucket = s3
