@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(a: argparse.Namespace) -> int:
     from flows.compare import compare, plan
     from storage.store import Store
-    from tasks.comparison_page import build, markdown, plots
+    from tasks.comparison_page import build, markdown
+    from tasks.comparison_plots import plots
 
     datasets = [str(p) for p in DATASETS]
     core = plan(CORE, a.seeds, PREFIX, a.set, {})

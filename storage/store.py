@@ -22,7 +22,9 @@ until it exists no reader lists the attempt's files, and a crashed attempt's fil
 `cleanup` removes once their claim is gone. S3-compatible endpoints and credentials come from the standard
 `AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` (s3fs reads them).
 
-Around this module: storage/records.py reads and validates commit records (an invalid one is reported and
+This module is over 300 lines because the commit's two paths (rename into place; write in place on object
+stores) share their claim, lock, record and cleanup rules, and splitting them would spread one protocol over
+two files. Around this module: storage/records.py reads and validates commit records (an invalid one is reported and
 counts as not landed), storage/cleanup.py removes what crashed writers left (`Store.cleanup`). The temp folder
 is claimed with its owner record under the commit lock, the one cleanup holds while it scans.
 """

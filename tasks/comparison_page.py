@@ -4,9 +4,8 @@
 on each axis (tokens, steps, seconds; tasks/core/curves.py) with its two-way bootstrap interval and its
 paired difference to the base arm (tasks/core/stats.py), the budget accounting (tokens by purpose,
 informative-group ratio, discarded share, tokens per correct held-out answer) and the external sets' results
-of each run's last checkpoint. `markdown` writes the page; `plots` draws pass@1 against each axis, one line
-per arm (mean over its seeds where every seed reached the budget) with its 95% band. Nothing here runs a
-model: the page is a pure function of the store and the comparison's plan.
+of each run's last checkpoint. `markdown` writes the page; tasks/comparison_plots.py draws its curves. Nothing
+here runs a model: the page is a pure function of the store and the comparison's plan.
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ from storage.store import Store
 from tasks.comparison import AXES, arm_at, frame, query, run_curves
 from tasks.core.curves import matched_budget
 from tasks.core.stats import Interval, bootstrap_mean, paired_difference
-
-CURVE_POINTS = 30
-CURVE_BOOT = 500  # replicates per curve point (the tables use stats.N_BOOT)
 
 
 @dataclass
@@ -260,44 +256,6 @@ def tables(ev: Evidence, datasets: list[str]) -> str:
             lines.append(f"| `{f.arm}` | " + " | ".join("n/a | n/a" if c is None else f"{_iv(c[0])} | {_iv(c[1], True)}"
                                                        for c in cells) + " |")
     return "\n".join(lines)
-
-
-def curve(ev: Evidence, arm: str, axis: str, points: int = CURVE_POINTS):
-    """(budgets, means, lows, highs) of an arm's pass@1 on a grid up to its runs' smallest last cost."""
-    mine = [ev.curves[i] for i in ev.by_arm[arm]]
-    top = min(c.last(axis) for c in mine)
-    xs, ms, lo, hi = [], [], [], []
-    for b in np.linspace(0.0, top, points):
-        x = arm_at(mine, axis, float(b))
-        if x is None:
-            continue
-        iv = bootstrap_mean(x, n_boot=CURVE_BOOT)
-        xs.append(float(b)), ms.append(iv.mean), lo.append(iv.low), hi.append(iv.high)
-    return xs, ms, lo, hi
-
-
-def plots(ev: Evidence) -> dict:
-    """One Figure per axis: pass@1 against the axis, a line and a 95% band per arm."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figs = {}
-    for axis, label in AXES.items():
-        fig = Figure(figsize=(8.5, 5.0), dpi=100, layout="constrained")
-        FigureCanvasAgg(fig)
-        ax = fig.subplots()
-        for f in ev.arms:
-            xs, ms, lo, hi = curve(ev, f.arm, axis)
-            style = "--" if f.arm.startswith("no_") else "-"
-            (line,) = ax.plot(xs, ms, style, label=f"{f.arm} ({len(f.seeds)} seed{'s' * (len(f.seeds) > 1)})")
-            if len(f.seeds) > 1 or not f.arm.startswith("no_"):
-                ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
-        ax.axvline(ev.budgets[axis], color="#6c757d", lw=0.8, ls=":")
-        ax.set(xlabel=f"cumulative {label}", ylabel="held-out pass@1",
-               title=f"held-out pass@1 against {label} (band: 95% bootstrap over seeds and prompts)")
-        ax.legend(fontsize=8, loc="best")
-        figs[f"pass1_vs_{axis}"] = fig
-    return figs
 
 
 def sql_section(prefix: str, datasets: list[str]) -> str:

@@ -13,7 +13,8 @@ from test_eval_dataset import SETS as SCRIPTED
 
 from storage.query import scan, sql
 from tasks.comparison import frame, query, run_curves
-from tasks.comparison_page import build, markdown, plots
+from tasks.comparison_page import build, markdown
+from tasks.comparison_plots import plots
 from tasks.core.curves import at_budget, matched_budget
 
 # the scripted backend (real groups with mixed rewards, so GRPO takes steps) with training on
