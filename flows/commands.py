@@ -181,10 +181,11 @@ def cmd_compare(a: argparse.Namespace) -> int:
         res = run["result"]
         print(f"compare: {run['planned'].run_id} done in {res['seconds']:.0f} s"
               + (f"; {res['stopped']}" if res.get("stopped") else ""))
-    from flows.compare import summary_lines
+    from flows.compare import matched_lines, summary_lines
     from storage.store import Store
 
-    for line in summary_lines(Store(a.store), [run["planned"] for run in out]):
+    planned = [run["planned"] for run in out]
+    for line in summary_lines(Store(a.store), planned) + matched_lines(Store(a.store), a.prefix, planned):
         print(f"compare: {line}")
     return 0
 

@@ -139,6 +139,20 @@ def final_matrix(store, run_ids: list[str]) -> tuple[np.ndarray, list[int]]:
     return wide.select(cols).to_numpy(), [int(tokens.get(r, 0)) for r in run_ids]
 
 
+def matched_lines(store, prefix: str, runs: list[Planned]) -> list[str]:
+    """Per arm: held-out pass@1 at the comparison's matched token budget (the largest every run reached,
+    interpolated per prompt between checkpoints; tasks/core/curves.py) and its paired difference to `uniform`
+    (or the first arm)."""
+    from tasks.comparison_page import build
+
+    ev = build(store, prefix, runs)
+    head = f"at the matched budget of {ev.budgets['tokens']:.0f} generated tokens:"
+    return [head] + [f"  {f.arm}: held-out pass@1 {f.at['tokens'].mean:.3f} [{f.at['tokens'].low:.3f}, "
+                     f"{f.at['tokens'].high:.3f}]" + (f"; vs {ev.base_arm} {f.diff['tokens'].mean:+.3f} "
+                                                      f"[{f.diff['tokens'].low:+.3f}, {f.diff['tokens'].high:+.3f}]"
+                                                      if f.diff["tokens"] is not None else "") for f in ev.arms]
+
+
 def summary_lines(store, runs: list[Planned]) -> list[str]:
     """Per arm: held-out pass@1 of the final checkpoints, mean and 95% two-way bootstrap interval over seeds
     and prompts, mean generated tokens; and each arm's paired difference to the first arm (`uniform` when it

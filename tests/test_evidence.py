@@ -52,6 +52,9 @@ def compared(prefect_api, tmp_path_factory):
     code, out, err = run_cli("compare", "--arms", "uniform,refinery", "--seeds", "2", "--prefix", "ev", "--rounds",
                              "1", "--store", store.root, "--dataset", str(data), *[x for s in SETS for x in ("--set", s)])
     assert code == 0, err
+    head = next(i for i, ln in enumerate(out.splitlines()) if "at the matched budget of" in ln)
+    assert [ln.split()[1] for ln in out.splitlines()[head + 1:head + 3]] == ["uniform:", "refinery:"]
+    assert "; vs uniform " in out.splitlines()[head + 2]
     compare(["dapo_filter"], 1, "ev", SETS, {}, 1, store.root, datasets=[str(data)])
     planned = plan(["uniform", "refinery"], 2, "ev", SETS, {}) + plan(["dapo_filter"], 1, "ev", SETS, {})
     return store, planned, tmp
