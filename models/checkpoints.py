@@ -3,7 +3,8 @@
 Layout: `<store>/_checkpoints/run_id=<run>/v<version>/` (a transformers folder: config, safetensors weights,
 tokenizer). A folder is written under a temporary name and renamed into place; it only counts once the train
 stage that made it has landed its `checkpoints` row, so a crash mid-save leaves nothing a reader would use,
-and the rerun overwrites it. Version 0 is the run's starting model; its row points at the resolved base.
+and the rerun overwrites it (on a remote store the upload has no rename: the rerun uploads the same file
+names over a crashed upload's objects). Version 0 is the run's starting model; its row points at the resolved base.
 For a remote root (s3://...) the folder is written in the local model cache (transformers loads local
 folders) and then uploaded to `<store>/_checkpoints/run_id=<run>/v<version>/`, and the row records that URI,
 so any host can continue the run: `local_copy` fetches a recorded remote folder into its own cache once.
@@ -13,12 +14,15 @@ Which checkpoints a run has, and its newest, are store bookkeeping: storage/chec
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
 
 from storage.checkpoints import newest_checkpoint
 from storage.store import Store
+
+_RECORDED = re.compile(r"^run_id=[A-Za-z0-9][A-Za-z0-9_.-]{0,127}/v[0-9]+$")
 
 
 def checkpoint_root(store: Store) -> Path:
@@ -46,19 +50,28 @@ def local_copy(store: Store, path: str) -> str:
     prefix = store.full("_checkpoints") + "/"
     if not path.startswith(prefix):
         return path
-    dest = checkpoint_root(store) / path[len(prefix):]
-    if (dest / "config.json").is_file():
-        return str(dest)
+    tail = path[len(prefix):]
+    if not _RECORDED.match(tail):  # a row is data: never let it name a folder outside the cache
+        raise ValueError(f"checkpoint path {path!r} is not <store>/_checkpoints/run_id=<run>/v<N>")
+    dest = checkpoint_root(store) / tail
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex}.fetch"
-    try:
-        store.fs.get(store.fs._strip_protocol(path) + "/", str(tmp) + "/", recursive=True)
-    except FileNotFoundError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise FileNotFoundError(f"checkpoint {path} is recorded but missing from the store") from None
-    if dest.exists():
-        shutil.rmtree(dest)
-    os.replace(tmp, dest)
+    from filelock import FileLock
+
+    with FileLock(str(dest.parent / f".{dest.name}.fetch.lock")):  # one fetch per folder and host
+        if (dest / "config.json").is_file():
+            return str(dest)
+        tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex}.fetch"
+        try:
+            store.fs.get(store.fs._strip_protocol(path) + "/", str(tmp) + "/", recursive=True)
+            if not (tmp / "config.json").is_file():
+                raise FileNotFoundError(path)
+            if dest.exists():  # an incomplete folder (no config.json) of an earlier, broken save
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"checkpoint {path} is recorded but missing from the store") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return str(dest)
 
 

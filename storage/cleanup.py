@@ -34,7 +34,12 @@ def remove_debris(store, now: float | None = None) -> list[str]:
     removed = []
     host = socket.gethostname()
     now = time.time() if now is None else now
+    object_store = getattr(store, "object_store", False)
     with store.lock("commit"):
+        if object_store:  # other hosts write meanwhile: list afresh, and attempts before claims before records
+            store.fs.invalidate_cache()
+            attempts = [a for table in TABLES
+                        for a in store.fs.glob(store.path(table, "run_id=*", "round=*", "stage=*", "attempt=*"))]
         for tmp in store.fs.glob(store.path(".tmp", "*")):
             try:
                 with store.fs.open(f"{tmp}/owner.json", "r") as f:
@@ -60,9 +65,13 @@ def remove_debris(store, now: float | None = None) -> list[str]:
         records, bad = store.scan_records()
         landed = {p.rsplit("/", 1)[0] for r in records for t in r["tables"].values() for p in t["paths"]}
         invalid = {p for p, _ in bad}
-        if getattr(store, "object_store", False):
+        if object_store:
+            store.fs.invalidate_cache()
             claims = {t.rsplit("/", 1)[1] for t in store.fs.glob(store.path(".tmp", "*"))}
-            removed += _remove_attempts(store, landed, claims)
+            records, bad = store.scan_records()  # after the claims: a claim is removed only after its record
+            named = {p.rsplit("/", 1)[0] for r in records for t in r["tables"].values() for p in t["paths"]}
+            gone = {t.rsplit("/", 1)[1] for t in removed}
+            removed += _remove_attempts(store, attempts, named, claims, gone, bool(bad), now)
             return removed
         for table in TABLES:
             for stage_dir in store.fs.glob(store.path(table, "run_id=*", "round=*", "stage=*")):
@@ -77,18 +86,28 @@ def remove_debris(store, now: float | None = None) -> list[str]:
     return removed
 
 
-def _remove_attempts(store, landed: set[str], claims: set[str]) -> list[str]:
-    """Object stores: the attempt folders (`stage=<stage>/attempt=<uuid>`) that no commit record lists and
-    whose claim `.tmp/<uuid>` is gone (its writer committed elsewhere, or crashed and its claim was removed
-    above). A claim that is still there is a writer at work, or one whose debris the rule above keeps."""
+def _remove_attempts(store, attempts: list[str], named: set[str], claims: set[str], gone: set[str],
+                     invalid_records: bool, now: float) -> list[str]:
+    """Object stores: remove the attempt folders (`stage=<stage>/attempt=<uuid>`, listed before the claims and
+    the records) that no valid record names and whose writer is known to be gone: its claim was removed in
+    this pass (a dead writer of this host, or another host's past FOREIGN_TMP_TTL_S), or it has no claim and
+    its newest object is older than FOREIGN_TMP_TTL_S (a claim can vanish because its writer committed, which
+    the records listed after the claims show, or lost a race for the same stage). While any record is invalid,
+    only attempts whose claim this pass removed go: an invalid record may still name its data."""
     removed = []
-    for table in TABLES:
-        for attempt in store.fs.glob(store.path(table, "run_id=*", "round=*", "stage=*", "attempt=*")):
-            rel = attempt[len(store.root) + 1 :]
-            if rel in landed or rel.rsplit("attempt=", 1)[1] in claims:
+    for attempt in attempts:
+        rel = attempt[len(store.root) + 1 :]
+        uuid = rel.rsplit("attempt=", 1)[1]
+        if rel in named or uuid in claims:
+            continue
+        if uuid not in gone:
+            if invalid_records:
                 continue
-            store.fs.rm(attempt, recursive=True)
-            removed.append(attempt)
+            newest = max((modified_time(store.fs, f) or now for f in store.fs.find(attempt)), default=now)
+            if now - newest < FOREIGN_TMP_TTL_S:
+                continue
+        store.fs.rm(attempt, recursive=True)
+        removed.append(attempt)
     return removed
 
 

@@ -9,7 +9,8 @@ A file lock only excludes processes of one machine. On an `s3://` root the run l
   and is gone (a SIGKILLed run restarted here need not wait out the TTL), is replaced with
   `If-Match: <its ETag>`, so of two hosts taking over the same lease one wins;
 - while held, a daemon thread renews it every `ttl / 3` seconds, again with `If-Match`, so a lease taken over
-  meanwhile is never overwritten (the renewer then logs that it lost the lease and stops);
+  meanwhile is never overwritten; a transient error is retried at the next tick, and a lease found taken
+  over fences the store for this process (storage/store.py `FENCES`): no commit of it lands after that;
 - release deletes it if it is still ours.
 Expiry compares `expires_at`, written by the holder's clock, with the reader's: hosts' clocks must agree to
 well within the TTL (120 s by default, `REFINERY_LEASE_TTL_S`). Other object stores (gs://, az://) have no
@@ -28,6 +29,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+
+from storage.store import FENCES
 
 log = logging.getLogger("refinery.lease")
 
@@ -125,21 +128,41 @@ def take(store, name: str, ttl: float | None = None) -> _Lease:
             raise LeaseHeld(holder)
         try:  # expired, or its holder died on this host: take it over unless another process just did
             put = fs.call_s3("put_object", Bucket=bucket, Key=key, Body=_body(token, ttl), IfMatch=etag)
-            log.warning("took over the expired lease %s of pid %s on %s", key, holder.get("pid"), holder.get("host"))
+            log.warning("took over the lease %s of pid %s on %s (expired, or its process is gone)", key,
+                        holder.get("pid"), holder.get("host"))
             return _Lease(bucket, key, token, put["ETag"])
-        except FileExistsError:
+        except FileNotFoundError:
             continue
+        except OSError as e:
+            if _precondition_failed(e):
+                continue
+            raise
     current = _read(fs, bucket, key)
-    raise LeaseHeld(current[0] if current else {})
+    raise LeaseHeld(current[0] if current else {"host": "another host", "pid": "?"})
 
 
-def renew(store, lease: _Lease, ttl: float) -> bool:
-    """Extend our lease; False if it is no longer ours (taken over after it expired)."""
+def _precondition_failed(e: BaseException) -> bool:
+    """Did S3 refuse a conditional write (412, or 409 ConditionalRequestConflict)? s3fs maps a failed
+    If-None-Match to FileExistsError but a failed If-Match to a plain OSError, so look at the cause too."""
+    if isinstance(e, FileExistsError):
+        return True
+    text = f"{e} {e.__cause__ or ''}"
+    return "PreconditionFailed" in text or "pre-conditions" in text or "412" in text
+
+
+def renew(store, lease: _Lease, ttl: float) -> bool | None:
+    """Extend our lease: True if extended, False if it is no longer ours (taken over, or deleted), None on
+    a transient error (retried at the next tick)."""
     try:
         put = store.fs.call_s3("put_object", Bucket=lease.bucket, Key=lease.key, Body=_body(lease.token, ttl),
                                IfMatch=lease.etag)
-    except (FileExistsError, FileNotFoundError):
+    except FileNotFoundError:
         return False
+    except OSError as e:
+        if _precondition_failed(e):
+            return False
+        log.warning("renewing the lease %s failed (%s); retrying", lease.key, e)
+        return None
     lease.etag = put["ETag"]
     return True
 
@@ -159,8 +182,12 @@ def held(store, name: str) -> Iterator[None]:
 
     def keep() -> None:
         while not stop.wait(ttl / 3):
-            if not renew(store, lease, ttl):
-                log.error("lost the lease %s: another host took it over after it expired", lease.key)
+            ok = renew(store, lease, ttl)
+            if ok is False:
+                why = (f"lost the run lease {lease.key} (another host took it over after it expired): this "
+                       "process commits nothing more to the store")
+                log.error(why)
+                FENCES[store.uri.rstrip("/")] = why
                 return
 
     renewer = threading.Thread(target=keep, name=f"lease-{name}", daemon=True)
@@ -170,4 +197,9 @@ def held(store, name: str) -> Iterator[None]:
     finally:
         stop.set()
         renewer.join()
-        release(store, lease)
+        lost = FENCES.pop(store.uri.rstrip("/"), None)
+        if not lost:
+            try:
+                release(store, lease)
+            except OSError as e:  # never hide the block's own error behind the release's
+                log.warning("could not release the lease %s: %s (it expires by itself)", lease.key, e)

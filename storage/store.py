@@ -65,6 +65,11 @@ OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl"}  # no f
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
+# store URI -> why this process may no longer commit there (it lost a run's lease: storage/lease.py); every
+# Store object of that URI in the process refuses to commit, since stages open their own.
+FENCES: dict[str, str] = {}
+
+
 def default_root() -> str:
     return os.environ.get("REFINERY_STORE") or DEFAULT_ROOT
 
@@ -131,7 +136,8 @@ class Store:
     @contextmanager
     def lock(self, name: str, timeout: float = 600.0) -> Iterator[None]:
         """An inter-process lock. Local roots keep it in <root>/.locks; remote roots in a local cache folder,
-        which serialises writers on this machine only (use one writer host per remote store)."""
+        which serialises writers on this machine only; across machines an s3:// store's run lock is a lease
+        (storage/lease.py)."""
         if self.local:
             folder = Path(self.root, ".locks")
         else:
@@ -148,6 +154,7 @@ class Store:
         """Has this stage of this run and round been committed? Resume logic asks this. A record that is
         invalid (see storage/records.py) is reported and counts as not landed: the stage runs again and
         replaces it."""
+        self._fresh()
         return read_record(self.fs, self.root, record_path(self.root, run_id, round, stage)) is not None
 
     def commit(
@@ -205,11 +212,25 @@ class Store:
                 "tables": files,
                 "committed_at": datetime.now(UTC).isoformat(),
             }
+            self._check_fence()
             self._write_atomic(record_path(self.root, run_id, round, stage), json.dumps(record, indent=1))
             self.fs.rm(tmp, recursive=True)
         result = Commit(run_id, round, stage, landed_now=True, rows={n: t.num_rows for n, t in conformed.items()})
         log.info(result.message)
         return result
+
+    def _fresh(self) -> None:
+        """Object stores: forget cached listings (s3fs keeps them for the process's life), since other
+        processes and hosts land stages meanwhile."""
+        if self.object_store:
+            self.fs.invalidate_cache()
+
+    def _check_fence(self) -> None:
+        """Refuse to commit once this process lost a run lease on this store (storage/lease.py): another host
+        may own the run now."""
+        reason = FENCES.get(self.uri.rstrip("/"))
+        if reason:
+            raise RuntimeError(reason)
 
     def _write_parts(self, jobs: list[tuple[str, pa.Table]]) -> None:
         with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), os.cpu_count() or 1))) as pool:
@@ -233,7 +254,15 @@ class Store:
                             "rows": t.num_rows} for name, t in conformed.items()}
             record = {"run_id": run_id, "round": round, "stage": stage, "tables": files,
                       "committed_at": datetime.now(UTC).isoformat()}
-            self._write_text(record_path(self.root, run_id, round, stage), json.dumps(record, indent=1))
+            self._check_fence()
+            try:  # create-only (If-None-Match): of two hosts landing one stage, the first record stands
+                self.fs.pipe_file(record_path(self.root, run_id, round, stage),
+                                  json.dumps(record, indent=1).encode(), mode="create")
+            except FileExistsError:
+                for folder in set(rel.values()):
+                    self.fs.rm(self.path(folder), recursive=True)
+                self.fs.rm(tmp, recursive=True)
+                return Commit(run_id, round, stage, landed_now=False)
             fault_point("commit:recorded")
             self.fs.rm(tmp, recursive=True)
         result = Commit(run_id, round, stage, landed_now=True, rows={n: t.num_rows for n, t in conformed.items()})
@@ -291,6 +320,7 @@ class Store:
 
     def scan_records(self) -> tuple[list[dict], list[tuple[str, str]]]:
         """(valid commit records, [(path, problem)] for every other file under `_landed/`)."""
+        self._fresh()
         return scan_records(self.fs, self.root)
 
     def files(self, table: str, records: list[dict] | None = None) -> list[str]:

@@ -93,8 +93,9 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     """GRPO on the round's rollouts + SFT on its shaped traces, then a new checkpoint. The round's policy
     (`ctx.policy`, version `ctx.policy_version`) starts the update; the base (`ctx.base`, version 0) is the KL
     reference."""
-    from models.checkpoints import remote_checkpoint, save_checkpoint
+    from models.checkpoints import save_checkpoint
     from models.registry import release_backends, resolve
+    from storage.checkpoints import newest_checkpoint
 
     run_id, round, policy_version, base = ctx.run_id, ctx.round, ctx.policy_version, ctx.base
     rollouts = ctx.rows(store, "rollouts").select(
@@ -134,8 +135,8 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     version = policy_version + 1
     if steps:
         saved = save_checkpoint(model, tokenizer, store, run_id, version)
-    else:  # no update: the new version is the round's policy, recorded where that one is
-        saved = remote_checkpoint(store, run_id, policy_version) if policy_version and not store.local else path
+    else:  # no update: the new version is the round's policy, recorded where that one is recorded
+        saved = newest_checkpoint(store, run_id, base, before_round=round)[1] if policy_version else path
     now = datetime.now(UTC)
     ckpt = [{"run_id": run_id, "policy_version": version, "parent_version": policy_version, "round": round,
              "path": saved, "created_at": now}]
