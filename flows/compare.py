@@ -77,7 +77,8 @@ def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: 
     for c in configs:  # every config checked before the first run starts
         validate_for_run(c)
     if datasets:
-        from flows.evaluate import dataset_prompts, evaluate
+        from flows.evaluate import dataset_prompts, evaluate, refuse_other_file
+        from storage.store import Store
 
         names = {}
         for path in datasets:  # a bad file is refused before the first run, not after hours of them
@@ -85,7 +86,8 @@ def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: 
             if name in names:
                 raise ValueError(f"--dataset {path} and {names[name]} share the name {name!r}: rename one file")
             names[name] = path
-            _refuse_other_file(configs[0].store, [r.run_id for r in runs], name, set(frame["prompt_id"]))
+            refuse_other_file(Store(configs[0].store), [r.run_id for r in runs], name, set(frame["prompt_id"]),
+                              "rename the file or use another --prefix")
     out = []
     for i, (r, c) in enumerate(zip(runs, configs)):
         if on_run:
@@ -96,23 +98,6 @@ def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: 
                 evaluate(run_id=r.run_id, checkpoint=version, store=c.store, dataset=path)
         out.append({"planned": r, "result": result})
     return out
-
-
-def _refuse_other_file(root: str, run_ids: list[str], name: str, ids: set[str]) -> None:
-    """A planned run that already scored another file under this dataset name would refuse it after its
-    training (flows/evaluate.py): refuse now instead."""
-    import polars as pl
-
-    from storage.query import scan
-    from storage.store import Store
-
-    seen = (scan(Store(root), "eval_results")
-            .filter(pl.col("run_id").is_in(run_ids) & (pl.col("split") == f"dataset:{name}"))
-            .group_by("run_id").agg(pl.col("prompt_id").unique()).collect())
-    for run_id, got in seen.iter_rows():
-        if set(got) != ids:
-            raise ValueError(f"run {run_id} already has results for a different file named {name!r}: rename the "
-                             "file or use another --prefix")
 
 
 def final_matrix(store, run_ids: list[str]) -> tuple[np.ndarray, list[int]]:

@@ -62,6 +62,17 @@ def dataset_prompts(path: str, name: str | None) -> tuple[str, str, pl.DataFrame
     return name, digest("\x1f".join(sorted(ids)))[:8], frame, rows
 
 
+def refuse_other_file(s: Store, run_ids: list[str], name: str, ids: set[str], hint: str) -> None:
+    """One name, one file, per run: raise if any of `run_ids` already has results under split
+    `dataset:<name>` for other prompts than `ids` (they would be mixed into one split)."""
+    seen = (scan(s, "eval_results")
+            .filter(pl.col("run_id").is_in(run_ids) & (pl.col("split") == f"dataset:{name}"))
+            .group_by("run_id").agg(pl.col("prompt_id").unique()).collect())
+    for run_id, got in seen.iter_rows():
+        if set(got) != ids:
+            raise ValueError(f"run {run_id} already has results for a different file named {name!r}; {hint}")
+
+
 @flow(name="evaluate", validate_parameters=True)
 def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: str | None = None,
              dataset: str | None = None, dataset_name: str | None = None) -> dict:
@@ -95,11 +106,7 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
 
         name, content, prompts, rows = dataset_prompts(dataset, dataset_name)
         stage, split = f"eval-v{checkpoint}-{name}-{content}", f"dataset:{name}"
-        seen = (scan(s, "eval_results").filter((pl.col("run_id") == run_id) & (pl.col("split") == split))
-                .select("prompt_id").unique().collect())
-        if seen.height and set(seen["prompt_id"]) != set(prompts["prompt_id"]):  # one name, one file, per run
-            raise ValueError(f"run {run_id} already has results for a different file named {name!r}; pass "
-                             "another --dataset-name")
+        refuse_other_file(s, [run_id], name, set(prompts["prompt_id"]), "pass another --dataset-name")
         commit_prompts(s, rows)  # only now: a refused file lands nothing
     mine = (pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint)
     if s.landed(run_id, r["round"], stage):

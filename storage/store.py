@@ -205,25 +205,27 @@ class Store:
                 n_parts = len(_split(t))
                 files[name] = {"paths": [f"{rel}/part-{i}.parquet" for i in range(n_parts)], "rows": t.num_rows}
                 fault_point("commit:renamed")
-            record = {
-                "run_id": run_id,
-                "round": round,
-                "stage": stage,
-                "tables": files,
-                "committed_at": datetime.now(UTC).isoformat(),
-            }
-            self._check_fence()
-            self._write_atomic(record_path(self.root, run_id, round, stage), json.dumps(record, indent=1))
+            self._write_atomic(record_path(self.root, run_id, round, stage), self._record(run_id, round, stage, files))
             self.fs.rm(tmp, recursive=True)
-        result = Commit(run_id, round, stage, landed_now=True, rows={n: t.num_rows for n, t in conformed.items()})
-        log.info(result.message)
-        return result
+        return self._landed_now(run_id, round, stage, conformed)
 
     def _fresh(self) -> None:
         """Object stores: forget cached listings (s3fs keeps them for the process's life), since other
         processes and hosts land stages meanwhile."""
         if self.object_store:
             self.fs.invalidate_cache()
+
+    def _record(self, run_id: str | None, round: int | None, stage: str, files: dict) -> str:
+        """The commit record's text; refused if this process was fenced off the store (lost a run lease)."""
+        self._check_fence()
+        return json.dumps({"run_id": run_id, "round": round, "stage": stage, "tables": files,
+                           "committed_at": datetime.now(UTC).isoformat()}, indent=1)
+
+    @staticmethod
+    def _landed_now(run_id: str | None, round: int | None, stage: str, conformed: Mapping[str, pa.Table]) -> Commit:
+        result = Commit(run_id, round, stage, landed_now=True, rows={n: t.num_rows for n, t in conformed.items()})
+        log.info(result.message)
+        return result
 
     def _check_fence(self) -> None:
         """Refuse to commit once this process lost a run lease on this store (storage/lease.py): another host
@@ -252,12 +254,9 @@ class Store:
                 return Commit(run_id, round, stage, landed_now=False)
             files = {name: {"paths": [f"{rel[name]}/part-{i}.parquet" for i in range(len(_split(t)))],
                             "rows": t.num_rows} for name, t in conformed.items()}
-            record = {"run_id": run_id, "round": round, "stage": stage, "tables": files,
-                      "committed_at": datetime.now(UTC).isoformat()}
-            self._check_fence()
+            record = self._record(run_id, round, stage, files)
             try:  # create-only (If-None-Match): of two hosts landing one stage, the first record stands
-                self.fs.pipe_file(record_path(self.root, run_id, round, stage),
-                                  json.dumps(record, indent=1).encode(), mode="create")
+                self.fs.pipe_file(record_path(self.root, run_id, round, stage), record.encode(), mode="create")
             except FileExistsError:
                 for folder in set(rel.values()):
                     self.fs.rm(self.path(folder), recursive=True)
@@ -265,9 +264,7 @@ class Store:
                 return Commit(run_id, round, stage, landed_now=False)
             fault_point("commit:recorded")
             self.fs.rm(tmp, recursive=True)
-        result = Commit(run_id, round, stage, landed_now=True, rows={n: t.num_rows for n, t in conformed.items()})
-        log.info(result.message)
-        return result
+        return self._landed_now(run_id, round, stage, conformed)
 
     def _claim_tmp(self) -> str:
         """Create a fresh `.tmp/<uuid>` holding its owner record, as one step for `cleanup`: under the commit

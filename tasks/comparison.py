@@ -123,10 +123,12 @@ class RunCurve:
         return self.costs[axis][-1]
 
 
-def run_curves(store: Store, prefix: str, run_ids: list[str]) -> dict[str, RunCurve]:
-    """The held-out curve of each run in `run_ids` (every one must have been evaluated)."""
+def run_curves(store: Store, prefix: str, run_ids: list[str], per_prompt: pl.DataFrame | None = None
+               ) -> dict[str, RunCurve]:
+    """The held-out curve of each run in `run_ids` (every one must have been evaluated); `per_prompt` is the
+    `PASS` frame of the held-out split when the caller already has it."""
     points = frame(store, "CHECKPOINTS", prefix)
-    per_prompt = frame(store, "PASS", prefix)
+    per_prompt = frame(store, "PASS", prefix) if per_prompt is None else per_prompt
     out = {}
     for run_id in run_ids:
         pts = points.filter(pl.col("run_id") == run_id).sort("policy_version")

@@ -68,12 +68,12 @@ def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), ba
     arms = list(dict.fromkeys(r.arm for r in planned))
     base_arm = base_arm if base_arm in arms else arms[0]
     runs = {a: sorted((r for r in planned if r.arm == a), key=lambda r: r.seed) for a in arms}
-    curves = run_curves(store, prefix, [r.run_id for r in planned])
+    heldout = frame(store, "PASS", prefix)
+    curves = run_curves(store, prefix, [r.run_id for r in planned], heldout)
     budgets = {axis: matched_budget(c.last(axis) for c in curves.values()) for axis in AXES}
     groups = frame(store, "GROUPS", prefix)
     discarded = frame(store, "DISCARDED", prefix)
     tokens = frame(store, "TOKENS", prefix)
-    heldout = frame(store, "PASS", prefix)
     ext = {name: frame(store, "PASS", prefix, f"dataset:{name}") for name in datasets}
     kinds = {name: _kinds(store, name) for name in datasets}
     base_curves = [curves[r.run_id] for r in runs[base_arm]]
