@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from models.config import ModelConfig, Section
+from models.sharded import ScaleConfig
 from tasks.core.grpo import TrainConfig
 from tasks.core.rewards import RewardConfig
 from tasks.evaluate import EvalConfig
@@ -51,6 +52,8 @@ class RunConfig(Section):
     reward: RewardConfig = Field(default_factory=RewardConfig, description="how answers are verified and scored")
     utility: UtilityConfig = Field(default_factory=UtilityConfig, description="EPS, the prompt utility that "
                                    "buckets and weights prompts")
+    scale: ScaleConfig = Field(default_factory=ScaleConfig, description="where collect, LoPE, evaluate and "
+                               "rescore generate: this process, or sharded over Ray workers (same rows)")
 
     @model_validator(mode="after")
     def _k_within_samples(self) -> RunConfig:

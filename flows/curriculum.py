@@ -55,7 +55,9 @@ log = logging.getLogger(__name__)
 # recorded on the resumed row.
 _RESUMABLE = {"rounds", "max_generated_tokens", "run_id", "store", "model.batch_size", "refine.teacher", "refine.teacher_timeout_s",
               "refine.teacher_retries", "refine.teacher_backoff_s", "refine.teacher_concurrency",
-              "train.shared_prefix", "train.micro_batch", "train.micro_tokens"}
+              "train.shared_prefix", "train.micro_batch", "train.micro_tokens",
+              # where generation runs does not change the rows (keyed sampling, models/sharded.py)
+              "scale.rollout_workers", "scale.ray_address", "scale.cpus_per_worker", "scale.gpus_per_worker"}
 _UNRECORDED = {"run_id", "store"}  # where the run lives, not how it runs
 
 
@@ -124,7 +126,8 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             first = len(stages)
             version, spec = policy_for_round(store, config.run_id, r, base)
             ctx = RoundContext(store=store.uri, run_id=config.run_id, round=r, policy_version=version, base=base,
-                               rounds=config.rounds, model=config.model.model_copy(update={"policy": spec}))
+                               rounds=config.rounds, model=config.model.model_copy(update={"policy": spec}),
+                               scale=config.scale)
             heldout = config.eval.heldout_fraction if config.eval.enabled else 0.0
             stages.append(pool_task(ctx, config.pool, heldout, config.eval.seed))
             selecting = config.select.selector != "all"

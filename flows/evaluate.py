@@ -113,7 +113,7 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
         out = skipped(stage, r["round"])
     else:
         ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,
-                           base=config.model.policy, rounds=config.rounds, model=config.model)
+                           base=config.model.policy, rounds=config.rounds, model=config.model, scale=config.scale)
         from models.checkpoints import local_copy
 
         out = evaluate_versions(s, ctx, [(checkpoint, local_copy(s, r["path"]))], config.eval, config.rollout,

@@ -33,7 +33,8 @@ def rescore(run_id: str | None = None, store: str | None = None) -> dict:
         raise ValueError(f"run {run_id!r} is not in the store {s.uri}")
     with run_lock(s, run_id):
         config = RunConfig.model_validate(cfg)
-        out = rescore_task(s.uri, run_id, config.model, config.rollout, config.reward, config.utility)
+        out = rescore_task(s.uri, run_id, config.model, config.rollout, config.reward, config.utility,
+                          config.scale)
     if "skipped" not in out:
         get_run_logger().info("run %s round %s: rescored %d reserve prompts with v%d; %d come back as active",
                               run_id, out["round"], out["reserve"], out["policy_version"], out["reactivated"])

@@ -80,7 +80,12 @@ class Backend(Protocol):
         """Chat messages as the model's prompt text, ending with the assistant turn's opening."""
         ...
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling) -> list[list[Completion]]: ...
+    def generate(self, prompts: list[str], n: int, sampling: Sampling,
+                 progress: Callable[[int], None] | None = None,
+                 row_seeds: list[int] | None = None) -> list[list[Completion]]:
+        """n samples per prompt; with `row_seeds` (one per prompt), each prompt's samples depend on its own
+        seed alone, not on the batch (keyed sampling: tasks/core/seeds.py row_seeds)."""
+        ...
 
     def score(self, prompts: list[str], completions: list[str]) -> list[list[float]]: ...
 

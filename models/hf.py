@@ -121,11 +121,13 @@ class TransformersBackend:
     # ---- generation ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: list[str], n: int, sampling: Sampling,
-                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+                 progress: Callable[[int], None] | None = None,
+                 row_seeds: list[int] | None = None) -> list[list[Completion]]:
         """n samples for each prompt, by continuous batching: up to `batch_size` rows decode together, and
         as rows finish, waiting prompts are prefilled and merged into the running batch, so the batch stays
-        full instead of idling on its longest row. `progress(k)` is called as k rows finish."""
-        return self.generate_ids(self.encode(prompts), n, sampling, progress)
+        full instead of idling on its longest row. `progress(k)` is called as k rows finish. `row_seeds`:
+        keyed sampling, as in `generate_ids`."""
+        return self.generate_ids(self.encode(prompts), n, sampling, progress, row_seeds)
 
     @torch.no_grad()
     def generate_ids(self, ids: list[list[int]], n: int, sampling: Sampling,
@@ -136,8 +138,8 @@ class TransformersBackend:
         the same draws batched or one at a time (MCMC shaping relies on this)."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if row_seeds is not None and (len(row_seeds) != len(ids) or sampling.top_p < 1.0):
-            raise ValueError("row_seeds needs one seed per prompt, and top_p = 1")
+        if row_seeds is not None and len(row_seeds) != len(ids):
+            raise ValueError("row_seeds needs one seed per prompt")
         prompts = ids
         queue = sorted(range(len(prompts)), key=lambda i: len(ids[i]), reverse=True)
         gen = torch.Generator().manual_seed(sampling.seed)

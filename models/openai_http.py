@@ -214,14 +214,17 @@ class OpenAIBackend:
             finally:
                 self._down = None  # `generate` and `score` outside an `ask` retry in full
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling, progress=None) -> list[list[Completion]]:
-        """The backend protocol on rendered prompt text (legacy endpoint); raises EndpointError on failure."""
+    def generate(self, prompts: list[str], n: int, sampling: Sampling, progress=None,
+                 row_seeds: list[int] | None = None) -> list[list[Completion]]:
+        """The backend protocol on rendered prompt text (legacy endpoint); raises EndpointError on failure.
+        `row_seeds`: one request seed per prompt (what the server does with a seed is up to the server)."""
         out = []
+        seeds = row_seeds if row_seeds is not None else [sampling.seed] * len(prompts)
         with self._client() as client:
-            for p in prompts:
+            for p, seed in zip(prompts, seeds):
                 data = self._post(client, COMPLETIONS_PATH, {
                     "model": self.model, "prompt": p, "n": n, "temperature": sampling.temperature,
-                    "top_p": sampling.top_p, "max_tokens": sampling.max_new_tokens, "seed": sampling.seed,
+                    "top_p": sampling.top_p, "max_tokens": sampling.max_new_tokens, "seed": seed,
                     "logprobs": 0,
                 })
                 group = []

@@ -250,11 +250,15 @@ class ScriptedBackend(TransformersBackend):
         self.policy_version = checkpoint_version(model_path) if version is None else version
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling,
-                 progress: Callable[[int], None] | None = None) -> list[list[Completion]]:
+                 progress: Callable[[int], None] | None = None,
+                 row_seeds: list[int] | None = None) -> list[list[Completion]]:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        texts = [[script(p, j, n, sampling.seed, sampling.temperature, self.policy_version)[0] for j in range(n)]
-                 for p in prompts]
+        if row_seeds is not None and len(row_seeds) != len(prompts):
+            raise ValueError("row_seeds needs one seed per prompt")
+        seeds = row_seeds if row_seeds is not None else [sampling.seed] * len(prompts)
+        texts = [[script(p, j, n, sd, sampling.temperature, self.policy_version)[0] for j in range(n)]
+                 for p, sd in zip(prompts, seeds)]
         return self._completions(self.encode(prompts), texts, sampling, progress)
 
     def generate_ids(self, ids: list[list[int]], n: int, sampling: Sampling,

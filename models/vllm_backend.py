@@ -38,9 +38,13 @@ class VLLMBackend:
     def render(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling, progress=None) -> list[list[Completion]]:
-        params = self._vllm.SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                           max_tokens=sampling.max_new_tokens, seed=sampling.seed, logprobs=0)
+    def generate(self, prompts: list[str], n: int, sampling: Sampling, progress=None,
+                 row_seeds: list[int] | None = None) -> list[list[Completion]]:
+        """With `row_seeds`, each prompt's request carries its own seed (vLLM seeds a request's sampler per
+        request, so its samples do not depend on the batch), as keyed sampling does on the other backends."""
+        seeds = row_seeds if row_seeds is not None else [sampling.seed] * len(prompts)
+        params = [self._vllm.SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                            max_tokens=sampling.max_new_tokens, seed=sd, logprobs=0) for sd in seeds]
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         result = []
         for o in outs:

@@ -30,7 +30,7 @@ from storage.store import Store
 from tasks.core.fewshot import ask
 from tasks.core.heldout import pass_at_k
 from tasks.core.rewards import RewardConfig
-from tasks.core.seeds import round_seed
+from tasks.core.seeds import round_seed, row_seeds
 from tasks.core.verdicts import verdicts
 from tasks.reporting import report_timeouts, sig4
 from tasks.sampling import RolloutConfig
@@ -69,10 +69,11 @@ def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int,
                              "predates held-out splits)")
     rows, per_prompt, timeouts = [], [], 0
     for version, spec in versions:
-        backend = load_model(ctx.model.model_copy(update={"policy": spec}))
+        backend = load_model(ctx.model.model_copy(update={"policy": spec}), ctx.scale)
         rendered = [backend.render([ask(t, rollout_cfg.instruction)]) for t in prompts["text"]]
         sampling = Sampling(cfg.temperature, 1.0, rollout_cfg.max_new_tokens, round_seed(cfg.seed, version))
-        groups = record("eval", backend.generate(rendered, cfg.n_samples, sampling))
+        groups = record("eval", backend.generate(rendered, cfg.n_samples, sampling,
+                                                 row_seeds=row_seeds(sampling.seed, prompts["prompt_id"].to_list())))
         p1, pk = [], []
         for pid, group, checked in zip(prompts["prompt_id"], groups, verdicts(prompts, groups, reward_cfg)):
             c = sum(v.correct for v in checked)

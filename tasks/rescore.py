@@ -25,6 +25,7 @@ from models.backend import Sampling
 from models.config import ModelConfig
 from models.meter import record
 from models.registry import load_model
+from models.sharded import ScaleConfig
 from storage.checkpoints import newest_checkpoint
 from storage.query import scan
 from storage.rounds import prompts as prompt_table
@@ -34,7 +35,7 @@ from storage.store import Store
 from tasks.core.eps import eps_scores
 from tasks.core.fewshot import fewshot_messages
 from tasks.core.rewards import RewardConfig
-from tasks.core.seeds import round_seed
+from tasks.core.seeds import round_seed, row_seeds
 from tasks.core.verdicts import verdicts
 from tasks.reporting import progress_reporter, sig4, timed
 from tasks.sampling import RolloutConfig, rollout_table
@@ -44,9 +45,10 @@ RESCORE_SEED_OFFSET = 500_000  # rescore samples apart from every round's seeds 
 
 
 def rescore(store: Store, run_id: str, model: ModelConfig, cfg: RolloutConfig, reward: RewardConfig,
-            utility: UtilityConfig) -> dict:
+            utility: UtilityConfig, scale: ScaleConfig | None = None) -> dict:
     """Rescore run `run_id`'s reserve prompts of its last round with its newest checkpoint (the run's own
-    config sections: its model, rollout sampling, reward and EPS settings)."""
+    config sections: its model, rollout sampling, reward and EPS settings; `scale` shards the sampling over
+    Ray workers, models/sharded.py)."""
     rows = run_rows(store, run_id)
     if rows.height == 0:
         raise ValueError(f"run {run_id!r} is not in the store {store.uri}")
@@ -72,14 +74,15 @@ def rescore(store: Store, run_id: str, model: ModelConfig, cfg: RolloutConfig, r
     if prompts.height == 0:
         store.commit(stage, {}, run_id=run_id, round=last)  # nothing to do, and recorded as done
         return {**head, "reserve": 0, "reactivated": 0, "buckets": {}}
-    backend = load_model(model.model_copy(update={"policy": path}))
+    backend = load_model(model.model_copy(update={"policy": path}), scale)
     messages, _ = fewshot_messages(prompts, pl.DataFrame(), run_id, last, 1, 0.0, 0, cfg.instruction)
     rendered = [backend.render(msg) for msg in messages]
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens,
                         seed=round_seed(cfg.seed, last) + RESCORE_SEED_OFFSET + 1000 * version)
     t0 = time.perf_counter()
     with progress_reporter(f"rescore v{version}: rollouts", prompts.height * cfg.group_size) as advance:
-        groups = record("rescore", backend.generate(rendered, cfg.group_size, sampling, progress=advance))
+        groups = record("rescore", backend.generate(rendered, cfg.group_size, sampling, progress=advance,
+                                                    row_seeds=row_seeds(sampling.seed, prompts["prompt_id"].to_list())))
     seconds = time.perf_counter() - t0
     aug = json.dumps({"rescore": {"policy_version": version}})
     table = rollout_table(prompts, groups, rendered, [[aug] * len(g) for g in groups],
@@ -95,5 +98,5 @@ def rescore(store: Store, run_id: str, model: ModelConfig, cfg: RolloutConfig, r
 @task(name="rescore")
 @timed
 def rescore_task(store_uri: str, run_id: str, model: ModelConfig, cfg: RolloutConfig, reward: RewardConfig,
-                 utility: UtilityConfig) -> dict:
-    return rescore(Store(store_uri), run_id, model, cfg, reward, utility)
+                 utility: UtilityConfig, scale: ScaleConfig | None = None) -> dict:
+    return rescore(Store(store_uri), run_id, model, cfg, reward, utility, scale)

@@ -38,7 +38,7 @@ def collect_task(ctx: RoundContext, store: Store, cfg: RolloutConfig, reward_cfg
     prompts = round_prompts(store, ctx.run_id, ctx.round, use_selection, cfg.include_reserve)
     if prompts.height == 0:
         raise ValueError(f"run {ctx.run_id} round {ctx.round}: the pool has no prompt to collect for")
-    backend = load_model(ctx.model)
+    backend = load_model(ctx.model, ctx.scale)  # sharded over Ray workers if [scale] says so
     demos = demonstrations(store, ctx.run_id, ctx.round) if cfg.fewshot_k else None
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens, seed=round_seed(cfg.seed, ctx.round))
     dapo, landed_too = None, {}
@@ -64,7 +64,8 @@ def collect_task(ctx: RoundContext, store: Store, cfg: RolloutConfig, reward_cfg
         t1 = time.perf_counter()
         rescue = lope_rescue(backend, got.messages, correct, groups, augs, sampling, verify_one,
                              cfg.lope_prefixes, cfg.lope_samples, cfg.lope_max_groups,
-                             own_rewards=[[v.reward for v in vs] for vs in checked])  # scoring reads these
+                             own_rewards=[[v.reward for v in vs] for vs in checked],  # scoring reads these
+                             keys=prompts["prompt_id"].to_list())
         rescue.seconds = time.perf_counter() - t1
         for i, group in enumerate(groups):  # the replaced slots take their resample's verdict
             for j, c in enumerate(group):

@@ -22,6 +22,7 @@ from storage.rounds import this_round
 from storage.store import Store, fault_point
 from tasks.core.fewshot import fewshot_messages
 from tasks.core.rewards import RewardConfig, Verdict
+from tasks.core.seeds import row_seeds
 from tasks.core.verdicts import verdicts
 from tasks.reporting import progress_reporter
 from tasks.stage import RoundContext
@@ -111,7 +112,8 @@ def sample(backend: Backend, prompts: pl.DataFrame, demos: pl.DataFrame | None, 
             advance(k)
             fault_point("collect:mid")  # test hook: a fault test kills the process here, mid-collection
 
-        groups = record("rollout", backend.generate(rendered, cfg.group_size, sampling, progress=on_progress))
+        groups = record("rollout", backend.generate(rendered, cfg.group_size, sampling, progress=on_progress,
+                                                    row_seeds=row_seeds(sampling.seed, prompts["prompt_id"].to_list())))
     seconds = time.perf_counter() - t0
     return Sampled(prompts, messages, augmentation, rendered, groups, verdicts(prompts, groups, reward_cfg),
                    seconds, sum(c.n_tokens for g in groups for c in g))

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from models.config import ModelConfig
 from models.memory import release_memory
 from models.meter import Meter, metering
+from models.sharded import ScaleConfig
 from storage.rounds import this_round
 from storage.store import Store
 from tasks.embed import release_embedder
@@ -56,6 +57,8 @@ class RoundContext(BaseModel):
     rounds: int = Field(1, ge=1, description="rounds of the run (few-shot annealing reads it)")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the model section, with `policy` "
                                "set to this round's policy spec")
+    scale: ScaleConfig = Field(default_factory=ScaleConfig, description="where generation runs (Ray workers "
+                               "or this process)")
 
     @property
     def policy(self) -> str:

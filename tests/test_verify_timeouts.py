@@ -27,7 +27,7 @@ class ScriptBackend:
         self.render = render_with.render
         self.answers = answers  # question text -> reference answer
 
-    def generate(self, prompts, n, sampling, progress=None):
+    def generate(self, prompts, n, sampling, progress=None, row_seeds=None):
         groups = []
         for prompt in prompts:
             a = int(next(ans for q, ans in self.answers.items() if q in prompt))

@@ -26,6 +26,7 @@ from typing import Any
 from models.backend import Backend, Completion, Sampling
 from models.lorem import LOREM
 from models.meter import record
+from tasks.core.seeds import row_seeds
 
 RATIO_FLOOR = 0.1  # rho / (rho + 0.1)
 
@@ -89,13 +90,15 @@ def _merge(record: str | None, lope: dict) -> str:
 def lope_rescue(backend: Backend, messages: list[list[dict]], correct: list[list[bool]], groups: list[list[Completion]],
                 augmentation: list[list[str | None]], sampling: Sampling, verify_one: Any, n_prefixes: int = 6,
                 per_prefix: int = 4, max_groups: int | None = None,
-                own_rewards: list[list[float]] | None = None) -> Rescue:
+                own_rewards: list[list[float]] | None = None, keys: list[str] | None = None) -> Rescue:
     """Resample every all-fail group (up to `max_groups`, in order) under `n_prefixes` Lorem prefixes x
     `per_prefix` samples in one batched generate call, then replace up to G - 1 failures with the correct
     resamples, in place (`groups`, `correct`, `augmentation`). `verify_one(i, text) -> (reward, correct)`.
     `own_rewards[i][j]`: the reward of the policy's own sample j of group i; a replacement records the one it
     displaced as `own_reward`, because EPS, buckets and the pool score the policy's own samples only
-    (tasks/core/eps.py own_samples). Without it, scoring leaves the replaced slots out."""
+    (tasks/core/eps.py own_samples). Without it, scoring leaves the replaced slots out. `keys[i]` (group i's
+    prompt id): each (group, prefix) draws from its own keyed seed, so the resamples do not depend on the batch
+    or the worker (tasks/core/seeds.py row_seeds)."""
     stats = Rescue()
     failed = [i for i, c in enumerate(correct) if c and not any(c)]
     if max_groups is not None:
@@ -105,8 +108,9 @@ def lope_rescue(backend: Backend, messages: list[list[dict]], correct: list[list
     prefixes = lorem_prefixes(n_prefixes, sampling.seed)
     jobs = [(i, p) for i in failed for p in range(n_prefixes)]
     rendered = [backend.render([{"role": "system", "content": prefixes[p]}, *messages[i]]) for i, p in jobs]
-    out = record("lope", backend.generate(rendered, per_prefix, Sampling(sampling.temperature, sampling.top_p,
-                                                                        sampling.max_new_tokens, sampling.seed + 7919)))
+    lope_sampling = Sampling(sampling.temperature, sampling.top_p, sampling.max_new_tokens, sampling.seed + 7919)
+    seeds = row_seeds(lope_sampling.seed, [f"{keys[i]}:lope{p}" for i, p in jobs]) if keys is not None else None
+    out = record("lope", backend.generate(rendered, per_prefix, lope_sampling, row_seeds=seeds))
     stats.groups, stats.resamples = len(failed), len(jobs) * per_prefix
     behaviour = {job: text for job, text in zip(jobs, rendered)}
     wins: dict[int, list[tuple[int, Completion]]] = {}

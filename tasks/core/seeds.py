@@ -18,3 +18,16 @@ def round_seed(seed: int, round: int) -> int:
     (3, 2003)
     """
     return seed * ROUND_STRIDE + round
+
+
+def row_seeds(seed: int, keys: list[str]) -> list[int]:
+    """One 32-bit sampling seed per row key (a prompt id, or a prompt id and a LoPE prefix), a pure function of
+    (seed, key): a row draws the same tokens whichever batch, shard or worker generates it (keyed sampling,
+    models/decoding.py), so a stage sharded over workers writes exactly the rows one process writes.
+
+    >>> row_seeds(3, ["a", "b"]) == row_seeds(3, ["a", "b"]), row_seeds(3, ["a"]) == row_seeds(4, ["a"])
+    (True, False)
+    """
+    import hashlib
+
+    return [int.from_bytes(hashlib.blake2b(f"{seed}:{k}".encode(), digest_size=4).digest(), "little") for k in keys]
