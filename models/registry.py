@@ -141,16 +141,9 @@ _LOADED: dict[tuple, object] = {}
 MAX_LOADED = 2  # backends kept per process (policy and teacher), least recently used dropped
 
 
-def load_model(cfg: ModelConfig, scale=None) -> Backend:
-    """The backend the model section names (its `policy`, on its backend, device, dtype and batch size); with a
-    `scale` section of more than one rollout worker, one whose generate calls run on Ray workers
-    (models/sharded.py)."""
-    local = load_backend(cfg.policy, cfg.backend, cfg.device, cfg.dtype, cfg.batch_size)
-    if scale is None or scale.rollout_workers <= 1:
-        return local
-    from models.sharded import ShardedBackend
-
-    return ShardedBackend(local, cfg, scale)
+def load_model(cfg: ModelConfig) -> Backend:
+    """The backend the model section names (its `policy`, on its backend, device, dtype and batch size)."""
+    return load_backend(cfg.policy, cfg.backend, cfg.device, cfg.dtype, cfg.batch_size)
 
 
 def load_backend(policy: str = "default", backend: str = "transformers", device: str = "cpu", dtype: str = "auto",

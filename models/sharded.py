@@ -2,7 +2,7 @@
 call out over N Ray actors, each holding its own copy of the policy.
 
 - Which stages: collect (with LoPE and DAPO's batches), evaluate and rescore load their backend through
-  `models.registry.load_model(model, scale)`; with `scale.rollout_workers` > 1 that is a `ShardedBackend`.
+  `load_generator(model, scale)`; with `scale.rollout_workers` > 1 that is a `ShardedBackend`.
   Everything else (chat template, tokenizer, scoring, MCMC shaping, training) stays in the flow's process.
 - How a call is split: the prompts (each with its G samples) are cut into `rollout_workers` contiguous shards
   of near-equal size, one per actor; the results come back through Ray's object store in prompt order, and
@@ -30,8 +30,9 @@ from collections.abc import Callable
 
 from pydantic import Field
 
-from models.backend import Completion, Sampling
+from models.backend import Backend, Completion, Sampling
 from models.config import ModelConfig, Section
+from models.registry import load_model
 
 
 class ScaleConfig(Section):
@@ -99,7 +100,7 @@ class GenerationWorker:
 
     def load(self, model: dict) -> str:
         if model != self.spec:
-            from models.registry import load_model, release_backends
+            from models.registry import release_backends
 
             self.backend = None
             release_backends()  # one policy per worker: the previous checkpoint goes first
@@ -181,3 +182,12 @@ class ShardedBackend:
                      progress: Callable[[int], None] | None = None,
                      row_seeds: list[int] | None = None) -> list[list[Completion]]:
         return self._fan_out("generate_ids", ids, n, sampling, progress, row_seeds)
+
+
+def load_generator(model: ModelConfig, scale: ScaleConfig | None = None) -> Backend:
+    """The backend a generating stage uses: the model section's own (models/registry.py load_model), or, with
+    more than one rollout worker, that backend with its generate calls sharded over Ray workers."""
+    local = load_model(model)
+    if scale is None or scale.rollout_workers <= 1:
+        return local
+    return ShardedBackend(local, model, scale)

@@ -24,7 +24,7 @@ from pydantic import Field
 from models.backend import Sampling
 from models.config import Section
 from models.meter import record
-from models.registry import load_model
+from models.sharded import load_generator
 from storage.rounds import prompts, this_round
 from storage.store import Store
 from tasks.core.fewshot import ask
@@ -69,7 +69,7 @@ def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int,
                              "predates held-out splits)")
     rows, per_prompt, timeouts = [], [], 0
     for version, spec in versions:
-        backend = load_model(ctx.model.model_copy(update={"policy": spec}), ctx.scale)
+        backend = load_generator(ctx.model.model_copy(update={"policy": spec}), ctx.scale)
         rendered = [backend.render([ask(t, rollout_cfg.instruction)]) for t in prompts["text"]]
         sampling = Sampling(cfg.temperature, 1.0, rollout_cfg.max_new_tokens, round_seed(cfg.seed, version))
         groups = record("eval", backend.generate(rendered, cfg.n_samples, sampling,

@@ -24,8 +24,7 @@ from prefect import task
 from models.backend import Sampling
 from models.config import ModelConfig
 from models.meter import record
-from models.registry import load_model
-from models.sharded import ScaleConfig
+from models.sharded import ScaleConfig, load_generator
 from storage.checkpoints import newest_checkpoint
 from storage.query import scan
 from storage.rounds import prompts as prompt_table
@@ -74,7 +73,7 @@ def rescore(store: Store, run_id: str, model: ModelConfig, cfg: RolloutConfig, r
     if prompts.height == 0:
         store.commit(stage, {}, run_id=run_id, round=last)  # nothing to do, and recorded as done
         return {**head, "reserve": 0, "reactivated": 0, "buckets": {}}
-    backend = load_model(model.model_copy(update={"policy": path}), scale)
+    backend = load_generator(model.model_copy(update={"policy": path}), scale)
     messages, _ = fewshot_messages(prompts, pl.DataFrame(), run_id, last, 1, 0.0, 0, cfg.instruction)
     rendered = [backend.render(msg) for msg in messages]
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from models.backend import Sampling
-from models.registry import load_model
+from models.sharded import load_generator
 from storage.store import Store
 from tasks.core.lope import Rescue, is_lope_replaced, lope_rescue
 from tasks.core.rewards import RewardConfig, Verdict
@@ -38,7 +38,7 @@ def collect_task(ctx: RoundContext, store: Store, cfg: RolloutConfig, reward_cfg
     prompts = round_prompts(store, ctx.run_id, ctx.round, use_selection, cfg.include_reserve)
     if prompts.height == 0:
         raise ValueError(f"run {ctx.run_id} round {ctx.round}: the pool has no prompt to collect for")
-    backend = load_model(ctx.model, ctx.scale)  # sharded over Ray workers if [scale] says so
+    backend = load_generator(ctx.model, ctx.scale)  # sharded over Ray workers if [scale] says so
     demos = demonstrations(store, ctx.run_id, ctx.round) if cfg.fewshot_k else None
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens, seed=round_seed(cfg.seed, ctx.round))
     dapo, landed_too = None, {}

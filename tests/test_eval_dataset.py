@@ -57,7 +57,7 @@ def test_a_checkpoint_scored_on_a_prompt_file(run, tmp_path):
     from models.backend import Sampling
     from models.registry import load_model
     from tasks.core.fewshot import ask
-    from tasks.core.seeds import round_seed
+    from tasks.core.seeds import round_seed, row_seeds
     from tasks.core.verdicts import verdicts
     from tasks.evaluate import EvalConfig
 
@@ -80,7 +80,8 @@ def test_a_checkpoint_scored_on_a_prompt_file(run, tmp_path):
     backend = load_model(cfg.model)
     groups = backend.generate([backend.render([ask(t, cfg.rollout.instruction)]) for t in frame["text"]], 8,
                               Sampling(cfg.eval.temperature, 1.0, cfg.rollout.max_new_tokens,
-                                       round_seed(EvalConfig().seed, 0)))
+                                       round_seed(EvalConfig().seed, 0)),
+                              row_seeds=row_seeds(round_seed(EvalConfig().seed, 0), frame["prompt_id"].to_list()))
     want = {t: (sum(v.correct for v in vs), sum(len(c.token_ids) for c in g))
             for t, g, vs in zip(frame["text"], groups, verdicts(frame, groups, cfg.reward))}
     assert {r["text"]: (r["n_correct"], r["n_tokens"]) for r in rows} == want

@@ -24,6 +24,7 @@ from models.scripted import (
 from storage.query import sql
 from storage.store import Store
 from tasks.core.rewards import verify
+from tasks.core.seeds import row_seeds
 
 INSTRUCTION = "Put your final answer within \\boxed{}."
 RUN = "scripted"
@@ -379,10 +380,11 @@ def test_heldout_pass_at_1_is_positive_and_recomputes(run, scripted):
     evals = q(store, f"SELECT policy_version, pass_at_1, pass_at_k FROM evals WHERE run_id = '{RUN}' ORDER BY 1")
     assert [e["policy_version"] for e in evals] == [0, 1, 2, 3]
     assert all(0 < e["pass_at_1"] <= e["pass_at_k"] for e in evals)
-    held = q(store, f"""SELECT p.text, p.answer, p.source, p.meta FROM pool h
+    held = q(store, f"""SELECT p.prompt_id, p.text, p.answer, p.source, p.meta FROM pool h
                         JOIN (SELECT DISTINCT prompt_id, text, answer, source, meta FROM prompts) p USING (prompt_id)
                         WHERE h.run_id = '{RUN}' AND h.round = 0 AND h.status = 'heldout' ORDER BY prompt_id""")
-    out = scripted.generate([_ask(scripted, h["text"]) for h in held], 4, Sampling(0.7, 1.0, 40, 0))
+    out = scripted.generate([_ask(scripted, h["text"]) for h in held], 4, Sampling(0.7, 1.0, 40, 0),
+                            row_seeds=row_seeds(0, [h["prompt_id"] for h in held]))  # keyed, as evaluate draws
     shares = [sum(verify(c.text, h["answer"], h["source"], h["text"], h["meta"]).correct for c in g) / 4
               for h, g in zip(held, out)]
     assert evals[0]["pass_at_1"] == pytest.approx(sum(shares) / len(shares))
