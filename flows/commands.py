@@ -179,7 +179,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
                   datasets=a.dataset)
     for run in out:
         res = run["result"]
-        print(f"compare: {run['planned'].run_id} done in {res['seconds']:.0f} s"
+        print(f"compare: {run['planned'].run_id} " + ("already complete" if res.get("skipped") else
+                                                      f"done in {res['seconds']:.0f} s")
               + (f"; {res['stopped']}" if res.get("stopped") else ""))
     from flows.compare import matched_lines, summary_lines
     from storage.store import Store

@@ -92,12 +92,32 @@ def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: 
     for i, (r, c) in enumerate(zip(runs, configs)):
         if on_run:
             on_run(r)
-        result = curriculum(c)
+        result = already_complete(c) or curriculum(c)
         for path in datasets:
             for version in ([0] if i == 0 else []) + [None]:
                 evaluate(run_id=r.run_id, checkpoint=version, store=c.store, dataset=path)
         out.append({"planned": r, "result": result})
     return out
+
+
+def already_complete(config) -> dict | None:
+    """A short result for a run that already completed with this very config, else None. Such a run is not
+    started again: it would only confirm that every stage landed, and that walk needs its checkpoints on
+    disk, which a comparison store copied without its `_checkpoints/` (or on another host) no longer has."""
+    import json
+
+    from flows.curriculum import _check_resume
+    from storage.runs import run_rows
+    from storage.store import Store
+
+    rows = run_rows(Store(config.store), config.run_id)
+    if rows.height == 0 or rows["status"][-1] != "completed":
+        return None
+    if _check_resume(config, json.loads(rows["config"][-1])) is not None:  # resumable changes: run it again
+        return None
+    reason = rows["reason"][-1]
+    return {"run_id": config.run_id, "seconds": 0.0, "skipped": "already complete",
+            **({"stopped": reason} if reason and reason.startswith("token budget") else {})}
 
 
 def final_matrix(store, run_ids: list[str]) -> tuple[np.ndarray, list[int]]:

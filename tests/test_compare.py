@@ -63,6 +63,7 @@ def test_two_arms_two_seeds_share_the_pool_and_heldout_and_resume(prefect_api, s
     code, out, err = run_cli(*args)
     assert code == 0, err
     assert sql(store, "SELECT count(*) AS n FROM rollouts").to_pylist() == before
+    assert out.count("already complete") == 4
     # a bad arm is refused before any run starts
     code, _, err = run_cli("compare", "--arms", "uniform,nope", "--store", store.root)
     assert code == 1 and "unknown arm 'nope'" in err and err.count("\n") == 1

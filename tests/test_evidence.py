@@ -214,3 +214,29 @@ def test_a_checkpoint_evaluated_again_counts_once(compared):
     assert again == 2 * before.heldout_prompts  # landed twice (stage eval-v1), counted once
     after = build(store, "ev", planned, ["ext"])
     assert [f.at for f in after.arms] == [f.at for f in before.arms]
+
+
+def test_a_store_copied_without_its_weights_reruns_as_complete(compared, tmp_path):
+    """The comparison's store travels without `_checkpoints/` (benchmarks/evidence/store); rerunning the
+    comparison on that copy skips the complete runs instead of failing on their missing weights, and the
+    page rebuilds from it alone."""
+    import shutil
+
+    from flows.compare import compare
+
+    store, planned, tmp = compared
+    from storage.store import Store
+
+    shutil.copytree(store.root, tmp_path / "copy", ignore=shutil.ignore_patterns("_checkpoints", ".locks", ".tmp"))
+    copy = Store(tmp_path / "copy")
+    assert not Path(copy.root, "_checkpoints").exists() and Path(store.root, "_checkpoints").is_dir()
+    before = sql(copy, "SELECT count(*) AS n FROM rollouts").to_pylist()
+    weights = Path(store.root, "_checkpoints")  # the copy's records name these folders: hide them, as on
+    weights.rename(weights.with_name("hidden"))  # another machine
+    try:
+        out = compare(["uniform", "refinery"], 2, "ev", SETS, {}, 1, copy.root, datasets=[str(tmp / "ext.jsonl")])
+    finally:
+        weights.with_name("hidden").rename(weights)
+    assert [r["result"].get("skipped") for r in out] == ["already complete"] * 4
+    assert sql(copy, "SELECT count(*) AS n FROM rollouts").to_pylist() == before
+    assert repr(build(copy, "ev", planned, ["ext"]).arms) == repr(build(store, "ev", planned, ["ext"]).arms)  # NaN != NaN
