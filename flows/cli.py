@@ -19,7 +19,17 @@ import argparse
 import os
 import sys
 
-from flows.commands import CliError, cmd_compare, cmd_eval, cmd_ingest, cmd_report, cmd_rescore, cmd_run, cmd_serve
+from flows.commands import (
+    CliError,
+    cmd_compare,
+    cmd_eval,
+    cmd_import,
+    cmd_ingest,
+    cmd_report,
+    cmd_rescore,
+    cmd_run,
+    cmd_serve,
+)
 from flows.read_commands import cmd_catalog, cmd_lineage, cmd_sql
 from flows.run_summary import print_summary, try_command
 
@@ -84,6 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--skip-invalid", action="store_true", help="land the good rows and report the bad ones")
     i.add_argument("--source-name", default=None, help="files: the `source` to record (default: file name)")
     i.set_defaults(func=cmd_ingest)
+
+    im = sub.add_parser("import", parents=[common], help="import another trainer's rollout dump as a run "
+                        "(EPS, buckets, lineage, report, SQL)")
+    im.add_argument("format", choices=["verl", "trl", "prime-rl", "plain"])
+    im.add_argument("path", help="verl: rollout_data_dir or one {step}.jsonl; trl: the completions/ folder or one "
+                    "parquet; prime-rl: the run's output folder or one traces.jsonl; plain: a .jsonl/.parquet")
+    im.add_argument("--run-id", required=True, help="the run the dump becomes")
+    im.add_argument("--correct-at", type=float, default=1.0, help="a reward at least this counts as correct")
+    im.add_argument("--tokenizer", default="default", help="counts completion tokens where the dump does not "
+                    "(a model spec; default: the embedded policy's)")
+    im.add_argument("--reward-column", default=None, help="trl: the reward column (default: the sum of all)")
+    im.add_argument("--skip-invalid", action="store_true", help="land the good rows and report the bad ones")
+    im.set_defaults(func=cmd_import)
 
     q = sub.add_parser("sql", parents=[common], help="read-only SQL over the store's views")
     q.add_argument("query")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -99,6 +100,23 @@ def cmd_ingest(a: argparse.Namespace) -> int:
     for line in summary["skipped"]:
         print(f"skipped {line}", file=sys.stderr)
     print(IngestSummary(**summary))
+    return 0
+
+
+def cmd_import(a: argparse.Namespace) -> int:
+    from flows.config import RUN_ID
+
+    if not re.fullmatch(RUN_ID, a.run_id):
+        raise CliError(f"--run-id {a.run_id!r}: letters, digits, '_', '.' and '-', starting with a letter or digit")
+    prepare_prefect(a.store, a.verbose)  # tasks.ingest imports prefect
+    from storage.store import Store
+    from tasks.import_run import import_dump
+
+    summary = import_dump(Store(a.store), a.format, a.path, a.run_id, correct_at=a.correct_at, tokenizer=a.tokenizer,
+                          skip_invalid=a.skip_invalid, reward_column=a.reward_column)
+    for line in summary.skipped_rows:
+        print(f"skipped {line}", file=sys.stderr)
+    print(summary)
     return 0
 
 

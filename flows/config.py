@@ -26,11 +26,13 @@ from tasks.score import UtilityConfig
 from tasks.select import SelectConfig
 from tasks.shape import ShapeConfig
 
+RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"  # a run id names folders: no separators, no leading dot
+
 
 class RunConfig(Section):
     """A curriculum run. Rerunning the same run_id resumes at the first stage that has not landed."""
 
-    run_id: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$",
+    run_id: str | None = Field(None, pattern=RUN_ID,
                                description="default: `run-<UTC timestamp>`")
     rounds: int = Field(2, ge=1, le=10_000, description="rounds of pool -> select -> collect -> score -> "
                         "refine -> shape -> train -> evaluate; a resumed run may raise it to extend the run")

@@ -1,0 +1,247 @@
+"""Readers of other trainers' rollout dumps: each turns files into `DumpRow`s (one per sampled completion)
+and `BadRow`s (file, line, problem), as ingest names bad rows. Field names and layouts follow the trainers'
+own writers (cited per reader; the fixtures in tests/test_import.py are written the same way):
+
+- `verl`: `trainer.rollout_data_dir` holds `{step}.jsonl`, one JSON object per sample with `input` (the
+  decoded prompt, chat template applied, special tokens stripped), `output`, `gts` (ground truth), `score`
+  and `step`, plus the reward function's extra keys (volcengine/verl, verl/trainer/ppo/ray_trainer.py,
+  `RayPPOTrainer._dump_generations`). No group id is written: groups are the rows of one step with the same
+  `input`.
+- `trl`: GRPOTrainer with `log_completions=True` writes `<output_dir>/completions/completions_{step:05d}.parquet`
+  with `step`, `prompt`, `completion`, one float column per reward function, any `log_extra` columns and
+  `advantage` (huggingface/trl, trl/trainer/grpo_trainer.py, `GRPOTrainer.log`). The reward is the sum of the
+  reward columns (NaN counts 0, as TRL's nansum), or the one `reward_column` names; groups are the rows of
+  one step with the same prompt.
+- `prime-rl`: `outputs/<run>/rollouts/step_{n}/{train|eval}/{all|effective}/traces.jsonl`, one episode per
+  line as verifiers' `Episode.to_record` writes it (PrimeIntellect-ai/prime-rl, src/prime_rl/monitors/file.py
+  `FileMonitor.log_episodes`): the prompt is `task.data.prompt`, the completion the sampled nodes' message
+  contents of the first trace, the reward the sum of score x weight over that trace's `rewards`, the group
+  `group.id`, the answer `task.data.answer`, the step `run.work.step` (else the folder's n), and the
+  completion's token count the sum of `calls[].usage.completion_tokens`. Only `train/all` (everything
+  generated) is read unless another subset is named in the path.
+- `plain`: a .jsonl or .parquet of `prompt`, `completion`, `reward` and optional `step` (default 0), `group`
+  and `answer`; a prompt may be a string or chat messages (`[{role, content}, ...]`, joined as
+  "role: content" lines).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tasks.core.sources import BadRow
+
+FORMATS = ("verl", "trl", "prime-rl", "plain")
+
+
+@dataclass(frozen=True)
+class DumpRow:
+    step: int
+    prompt: str
+    completion: str
+    reward: float
+    answer: str = ""
+    group: str | None = None  # the trainer's own group id, where it writes one
+    n_tokens: int | None = None  # the completion's token count, where the dump records it
+    extra: dict[str, Any] = field(default_factory=dict)  # other reward fields, advantages: kept in augmentation
+    file: str = ""
+    line: int = 0
+
+
+def _files(path: str, pattern: str, suffix: str) -> list[Path]:
+    p = Path(path)
+    if p.is_file():
+        return [p]
+    if not p.is_dir():
+        raise ValueError(f"{path}: no such file or folder")
+    found = sorted(f for f in p.rglob(pattern) if f.is_file() and f.name.endswith(suffix))
+    if not found:
+        raise ValueError(f"{path}: no {pattern} files in this folder")
+    return found
+
+
+def _name(f: Path, path: str) -> str:
+    """A dump file's name as rows record it: relative to the folder imported (the step folders say which)."""
+    return str(f.relative_to(path)) if Path(path).is_dir() else f.name
+
+
+def _json_lines(f: Path):
+    with f.open("rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                yield n, None, f"not a JSON object ({type(e).__name__})"
+                continue
+            yield n, obj, None if isinstance(obj, dict) else "not a JSON object"
+
+
+def _reward(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _text(v: Any) -> str | None:
+    """A prompt as text: a string, or chat messages joined as 'role: content' lines."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list) and v and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in v):
+        return "\n".join(f"{m.get('role', 'user')}: {m['content']}" for m in v)
+    return None
+
+
+def _check(file: Path, line: int, prompt: Any, completion: Any, reward: Any, step: Any) -> str | None:
+    if _text(prompt) is None or not _text(prompt).strip():
+        return "prompt missing or not text"
+    if not isinstance(completion, str):
+        return "completion missing or not a string"
+    if _reward(reward) is None:
+        return f"reward {reward!r} is not a finite number"
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step {step!r} is not a non-negative integer"
+    return None
+
+
+def read_verl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
+    rows, bad = [], []
+    for f in _files(path, "*.jsonl", ".jsonl"):
+        stem_step = int(f.stem) if f.stem.isdigit() else None
+        for n, obj, problem in _json_lines(f):
+            if problem is None:
+                step = obj.get("step", stem_step)
+                problem = _check(f, n, obj.get("input"), obj.get("output"), obj.get("score"), step)
+            if problem is not None:
+                bad.append(BadRow(str(f), n, problem))
+                continue
+            gts = obj.get("gts")
+            extra = {k: v for k, v in obj.items() if k not in ("input", "output", "gts", "score", "step")}
+            rows.append(DumpRow(step, obj["input"], obj["output"], float(obj["score"]),
+                                "" if gts is None else str(gts), extra=extra, file=_name(f, path), line=n))
+    return rows, bad
+
+
+TRL_FIXED = ("step", "prompt", "completion", "advantage")
+
+
+def read_trl(path: str, reward_column: str | None = None) -> tuple[list[DumpRow], list[BadRow]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows, bad = [], []
+    for f in _files(path, "completions_*.parquet", ".parquet"):
+        try:
+            t = pq.read_table(f)
+        except Exception as e:  # noqa: BLE001 (any unreadable file is one bad row naming it)
+            bad.append(BadRow(str(f), None, f"not a readable Parquet file ({type(e).__name__})"))
+            continue
+        missing = [c for c in ("step", "prompt", "completion") if c not in t.column_names]
+        rewards = [reward_column] if reward_column else [
+            c for c in t.column_names if c not in TRL_FIXED and pa.types.is_floating(t.schema.field(c).type)]
+        if reward_column and reward_column not in t.column_names:
+            missing.append(reward_column)
+        if missing or not rewards:
+            bad.append(BadRow(str(f), None, f"no column {', '.join(missing) or 'with rewards'}"))
+            continue
+        for n, r in enumerate(t.to_pylist(), 1):
+            parts = [r[c] for c in rewards]
+            total = sum(0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in parts) \
+                if all(v is None or _reward(v) is not None or (isinstance(v, float) and math.isnan(v)) for v in parts) \
+                else None
+            problem = _check(f, n, r["prompt"], r["completion"], total, r["step"])
+            if problem is not None:
+                bad.append(BadRow(str(f), n, problem))
+                continue
+            extra = {k: v for k, v in r.items() if k not in ("step", "prompt", "completion")}
+            rows.append(DumpRow(r["step"], _text(r["prompt"]), r["completion"], total, extra=extra, file=f.name,
+                                line=n))
+    return rows, bad
+
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def read_prime_rl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
+    rows, bad = [], []
+    files = _files(path, "traces.jsonl", "traces.jsonl")
+    if Path(path).is_dir():  # everything generated for training, not the trained-on subset or evaluations
+        files = [f for f in files if f.parent.name == "all" and f.parent.parent.name == "train"] or files
+    for f in files:
+        folder_step = next((int(m.group(1)) for p in f.parents if (m := _STEP_DIR.match(p.name))), None)
+        for n, ep, problem in _json_lines(f):
+            if problem is None:
+                try:
+                    trace = ep["traces"][0]
+                    data = ep.get("task", {}).get("data", {})
+                    prompt = data.get("prompt")
+                    if prompt is None:  # the first non-sampled user message
+                        prompt = next(nd["message"]["content"] for nd in trace["nodes"]
+                                      if not nd.get("sampled") and nd["message"].get("role") == "user")
+                    completion = "".join(nd["message"]["content"] for nd in trace["nodes"] if nd.get("sampled"))
+                    reward = sum(r["score"] * r.get("weight", 1.0) for r in trace.get("rewards", {}).values())
+                    step = ep.get("run", {}).get("work", {}).get("step", folder_step)
+                    usage = [c.get("usage", {}).get("completion_tokens") for c in trace.get("calls", [])]
+                except (KeyError, IndexError, TypeError, StopIteration, AttributeError) as e:
+                    bad.append(BadRow(str(f), n, f"not a verifiers episode ({type(e).__name__}: {e})"))
+                    continue
+                problem = _check(f, n, prompt, completion, reward, step)
+            if problem is not None:
+                bad.append(BadRow(str(f), n, problem))
+                continue
+            answer = data.get("answer")
+            tokens = sum(usage) if usage and all(isinstance(u, int) for u in usage) else None
+            extra = {"episode": ep.get("id"), "task_key": ep.get("task", {}).get("key"),
+                     "rewards": trace.get("rewards"), "stop": trace.get("stop_condition")}
+            rows.append(DumpRow(step, _text(prompt), completion, float(reward), "" if answer is None else str(answer),
+                                group=str(ep.get("group", {}).get("id")) if ep.get("group") else None,
+                                n_tokens=tokens, extra=extra, file=_name(f, path), line=n))
+    return rows, bad
+
+
+def read_plain(path: str) -> tuple[list[DumpRow], list[BadRow]]:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"{path}: no such file")
+    if p.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        records = list(enumerate(pq.read_table(p).to_pylist(), 1))
+        items = [(n, r, None) for n, r in records]
+    elif p.suffix == ".jsonl":
+        items = list(_json_lines(p))
+    else:
+        raise ValueError(f"{path}: a plain dump is a .jsonl or .parquet file")
+    rows, bad = [], []
+    for n, r, problem in items:
+        if problem is None:
+            problem = _check(p, n, r.get("prompt"), r.get("completion"), r.get("reward"), r.get("step", 0))
+        if problem is None and r.get("group") is not None and not isinstance(r["group"], str | int):
+            problem = "group is not a string or integer"
+        if problem is not None:
+            bad.append(BadRow(str(p), n, problem))
+            continue
+        extra = {k: v for k, v in r.items() if k not in ("prompt", "completion", "reward", "step", "group", "answer")}
+        rows.append(DumpRow(r.get("step", 0), _text(r["prompt"]), r["completion"], float(r["reward"]),
+                            "" if r.get("answer") is None else str(r["answer"]),
+                            group=None if r.get("group") is None else str(r["group"]), extra=extra, file=p.name,
+                            line=n))
+    return rows, bad
+
+
+def read_dump(fmt: str, path: str, reward_column: str | None = None) -> tuple[list[DumpRow], list[BadRow]]:
+    """The rows of the dump at `path` in format `fmt` (one of FORMATS), and its bad rows."""
+    if fmt == "verl":
+        return read_verl(path)
+    if fmt == "trl":
+        return read_trl(path, reward_column)
+    if fmt == "prime-rl":
+        return read_prime_rl(path)
+    if fmt == "plain":
+        return read_plain(path)
+    raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
