@@ -87,13 +87,13 @@ def check_design(store, planned, config: str, shared: list[str]) -> None:
     """Raise ValueError naming the first run whose stored config is not the design's for it (resumable fields
     such as `rounds` and `max_generated_tokens` aside: flows/curriculum.py)."""
     from flows.config import load_config
-    from flows.curriculum import _check_resume
+    from flows.curriculum import check_resume
     from storage.runs import stored_config
 
     for r in planned:
         want = load_config(config, sets=[*shared, *r.sets], run_id=r.run_id, store=store.uri)
         try:
-            _check_resume(want, stored_config(store, r.run_id) or {})
+            check_resume(want, stored_config(store, r.run_id) or {})
         except ValueError as e:
             raise ValueError(f"{r.run_id} was not run with this design: {str(e).split('(', 1)[-1].split(')')[0]}"
                              ) from None

@@ -106,15 +106,17 @@ def already_complete(config) -> dict | None:
     disk, which a comparison store copied without its `_checkpoints/` (or on another host) no longer has."""
     import json
 
-    from flows.curriculum import _check_resume
+    from flows.curriculum import check_resume
     from storage.runs import run_rows
     from storage.store import Store
 
     rows = run_rows(Store(config.store), config.run_id)
     if rows.height == 0 or rows["status"][-1] != "completed":
         return None
-    if _check_resume(config, json.loads(rows["config"][-1])) is not None:  # resumable changes: run it again
-        return None
+    before = json.loads(rows["config"][-1])
+    check_resume(config, before)  # refuses a changed field that decides landed data, as a resume would
+    if (before.get("rounds"), before.get("max_generated_tokens")) != (config.rounds, config.max_generated_tokens):
+        return None  # a longer (or shorter) run asked for: run it
     reason = rows["reason"][-1]
     return {"run_id": config.run_id, "seconds": 0.0, "skipped": "already complete",
             **({"stopped": reason} if reason and reason.startswith("token budget") else {})}

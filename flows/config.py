@@ -58,6 +58,13 @@ class RunConfig(Section):
                                "rescore generate: this process, or sharded over Ray workers (same rows)")
 
     @model_validator(mode="after")
+    def _gpu_workers_get_gpus(self) -> RunConfig:
+        if self.scale.rollout_workers > 1 and self.model.device.startswith("cuda") and self.scale.gpus_per_worker == 0:
+            raise ValueError(f"model.device is {self.model.device} but scale.gpus_per_worker is 0: Ray would hide "
+                             "the GPUs from the rollout workers; set scale.gpus_per_worker (e.g. 1)")
+        return self
+
+    @model_validator(mode="after")
     def _k_within_samples(self) -> RunConfig:
         if self.eval.k > self.eval.n_samples:
             raise ValueError(f"eval.k ({self.eval.k}) must be <= eval.n_samples ({self.eval.n_samples})")

@@ -72,7 +72,7 @@ def _leaves(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def _check_resume(config: RunConfig, previous: dict) -> str | None:
+def check_resume(config: RunConfig, previous: dict) -> str | None:
     """Refuse resuming with a changed field that decides landed data (naming it); for changed fields in
     _RESUMABLE, return the line recorded on the resumed row ("resumed with changed refine.teacher: a -> b").
 
@@ -109,7 +109,7 @@ def curriculum(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 (a pydant
 
 def _rounds(config: RunConfig, store: Store) -> dict:
     previous = stored_config(store, config.run_id)
-    changes = _check_resume(config, previous) if previous is not None else None
+    changes = check_resume(config, previous) if previous is not None else None
     status = mark(store, config.run_id, "running", config.model_dump(mode="json"), reason=changes)
     stages: list[dict] = []
     budget = None

@@ -12,8 +12,11 @@ call out over N Ray actors, each holding its own copy of the policy.
 - Why the rows are the same: every caller passes keyed row seeds (tasks/core/seeds.py `row_seeds`, one per
   prompt id), and keyed sampling draws each row's tokens from its own key alone (models/decoding.py), so a
   prompt's samples do not depend on which shard or batch generated it. The sharded stage writes the rows one
-  process writes (tests/test_ray_shard.py compares row hashes on a local two-worker cluster). A call without
-  row seeds is refused: its rows would depend on the split.
+  process writes (tests/test_ray_shard.py compares row hashes on a local two-worker cluster). That holds
+  where a row's logits do not depend on what else is in its batch, as on CPU in fp32; in bf16 on a GPU, or
+  on vLLM, batch shapes change the logits in their last bits and a draw near a boundary can differ, so
+  there the rows agree in distribution, not bit for bit. A call without row seeds is refused: its rows
+  would depend on the split.
 - Actors: created once per process and scale setting, each with `cpus_per_worker` CPUs and
   `gpus_per_worker` GPUs; a new checkpoint is loaded into the same actors (`load`), which drop the previous
   one. The flow's process keeps its own copy of the policy for rendering and scoring.

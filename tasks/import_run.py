@@ -6,8 +6,9 @@ them the way Refinery's own rounds land, so `refinery sql`, `lineage` and `repor
   the text is the prompt as the trainer showed it, chat template included when the dump has it rendered);
 - steps map to rounds in order (the k-th distinct step is round k; the step itself is kept in each row's
   `augmentation`), and the policy version of round k is k (the trainer updated once per step);
-- groups are rebuilt per (step, group id) where the dump names its groups, else per (step, prompt), with
-  `sample_idx` in file order;
+- groups are rebuilt per (step, prompt), with `sample_idx` in file order (the trainer's group id, where it
+  writes one, is kept in `augmentation`; two groups of one prompt in one step become one group, as EPS
+  scores a prompt once per round);
 - `correct` is reward >= `correct_at` (1.0 by default: the dump's reward is taken as the verifier's score);
   `n_tokens` counts the completion with the named tokenizer (the embedded policy's by default) unless the
   dump records its own count;
@@ -100,10 +101,11 @@ def import_dump(store: Store, fmt: str, path: str, run_id: str, correct_at: floa
     samples: dict[tuple, int] = defaultdict(int)
     for pid, r in zip(ids, rows):
         rnd = step_round[r.step]
-        key = (rnd, r.group if r.group is not None else pid)
+        key = (rnd, pid)  # EPS and the rollouts key on the prompt: two groups of one prompt in a step are one
         idx, samples[key] = samples[key], samples[key] + 1
         aug = {"import": {"format": fmt, "step": r.step, "file": r.file, "line": r.line,
-                          **({"group": r.group} if r.group is not None else {}), **r.extra}}
+                          **({"group": r.group} if r.group is not None else {}),
+                          **({"extra": r.extra} if r.extra else {})}}
         by_round[rnd].append({
             "run_id": run_id, "round": rnd, "policy_version": rnd, "prompt_id": pid, "sample_idx": idx,
             "prompt_text": r.prompt, "completion": r.completion, "reward": float(r.reward),

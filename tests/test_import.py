@@ -160,3 +160,46 @@ def test_bad_rows_are_named_and_nothing_lands(store, tmp_path):
         args = bad_args if "--run-id" in bad_args else [*bad_args, "--run-id", "z"]
         code, _, err = run_cli("import", *args, "--store", store.root, *TOK)
         assert code == 1 and message in err and err.startswith("refinery: error:"), err
+
+
+def test_odd_but_valid_dump_content(store, tmp_path):
+    """What real dumps hold besides the happy path: a prime-rl episode that failed (no trace), a reward that
+    did not run (null), a judge trace listed before the trainable one, a tool-call turn without content; a
+    TRL row that no reward function could score (all NaN); two groups of one prompt in one step; a dump
+    field named like a lineage key."""
+    ep = _episode(1, 0, "g", "What is 3 + 4?", "7", "The sum is \\boxed{7}.", 1.0)
+    judge = {**ep["traces"][0], "agent": {"name": "judge", "trainable": False},
+             "rewards": {"correct": {"score": 0.0, "weight": 1.0}}}
+    trainable = {**ep["traces"][0], "agent": {"name": "agent", "trainable": True},
+                 "rewards": {"correct": {"score": 1.0, "weight": 1.0}, "judge": None},
+                 "nodes": [*ep["traces"][0]["nodes"], {"message": {"role": "assistant", "tool_calls": [{"id": "1"}]},
+                                                       "sampled": True}]}
+    folder = tmp_path / "prime" / "rollouts" / "step_1" / "train" / "all"
+    folder.mkdir(parents=True)
+    (folder / "traces.jsonl").write_text(json.dumps({**ep, "traces": [judge, trainable]}) + "\n"
+                                         + json.dumps({**ep, "traces": [], "ok": False, "errors": ["timeout"]}) + "\n")
+    code, out, err = run_cli("import", "prime-rl", str(tmp_path / "prime"), "--run-id", "pr", "--store", store.root,
+                             "--skip-invalid", *TOK)
+    assert code == 0 and "1 rollouts" in out and "a failed episode: no trace" in err, err
+    assert sql(store, "SELECT reward, completion FROM rollouts WHERE run_id = 'pr'").to_pylist() == [
+        {"reward": 1.0, "completion": "The sum is \\boxed{7}."}]  # the trainable trace; the null reward left out
+
+    (tmp_path / "trl").mkdir()
+    pq.write_table(pa.table({"step": pa.array([1, 1], pa.int64()), "prompt": ["q", "q"], "completion": ["a", "b"],
+                             "r1": [float("nan"), 1.0], "r2": [float("nan"), float("nan")]}),
+                   tmp_path / "trl" / "completions_00001.parquet")
+    code, out, err = run_cli("import", "trl", str(tmp_path / "trl"), "--run-id", "t", "--store", store.root, *TOK)
+    assert code == 1 and "completions_00001.parquet line 1: reward None is not a finite number" in err
+
+    rows = [{"prompt": "q", "completion": c, "reward": r, "group": g, "file": "mine", "step": 3}
+            for g, c, r in [("a", "1", 1.0), ("a", "2", 0.0), ("b", "3", 1.0), ("b", "4", 1.0)]]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out, err = run_cli("import", "plain", str(tmp_path / "p.jsonl"), "--run-id", "pl", "--store", store.root,
+                             *TOK)
+    assert code == 0, err
+    got = sql(store, "SELECT sample_idx, json_extract_string(augmentation, '$.import.file') AS f, "
+                     "json_extract_string(augmentation, '$.import.extra.file') AS x FROM rollouts "
+                     "WHERE run_id = 'pl' ORDER BY sample_idx").to_pylist()
+    assert [g["sample_idx"] for g in got] == [0, 1, 2, 3] and {(g["f"], g["x"]) for g in got} == {("p.jsonl", "mine")}
+    assert sql(store, "SELECT n, mean_reward FROM prompt_scores WHERE run_id = 'pl'").to_pylist() == [
+        {"n": 4, "mean_reward": 0.75}]

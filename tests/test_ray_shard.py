@@ -95,3 +95,5 @@ def test_scale_config_refuses_bad_addresses():
         with pytest.raises((ValidationError, ValueError)):
             load_config(sets=[f"scale.{bad}"])
     assert load_config(sets=["scale.ray_address=ray://head.example:10001"]).scale.ray_address.startswith("ray://")
+    with pytest.raises((ValidationError, ValueError), match="gpus_per_worker is 0"):
+        load_config(sets=["scale.rollout_workers=2", "model.device=cuda"])

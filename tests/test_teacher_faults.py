@@ -206,31 +206,31 @@ def test_down_teacher_run_completes_then_resumes_with_a_working_teacher(prefect_
 
 
 def test_resume_allows_fields_that_cannot_change_landed_data_and_records_them():
-    from flows.curriculum import _check_resume
+    from flows.curriculum import check_resume
 
     before = load_config(sets=TINY, run_id="r").model_dump(mode="json")
     same = load_config(sets=TINY, run_id="r", store="/elsewhere")
-    assert _check_resume(same, before) is None  # where the store lives is not how the run runs
+    assert check_resume(same, before) is None  # where the store lives is not how the run runs
     changed = load_config(sets=[*TINY, "model.batch_size=8", "refine.teacher_retries=5",
                                 "refine.teacher=openai:http://127.0.0.1:9#t"], run_id="r", rounds=4)
-    assert _check_resume(changed, before) == ("resumed with changed model.batch_size: 64 -> 8; refine.teacher: "
+    assert check_resume(changed, before) == ("resumed with changed model.batch_size: 64 -> 8; refine.teacher: "
                                               "'policy' -> 'openai:http://127.0.0.1:9#t'; refine.teacher_retries: "
                                               "3 -> 5; rounds: 2 -> 4")
     for field in ("rollout.temperature=1.0", "refine.teacher_max_new_tokens=32", "model.policy=default"):
         with pytest.raises(ValueError, match=rf"differs in: {field.split('=')[0]}\)"):
-            _check_resume(load_config(sets=[*TINY, field], run_id="r"), before)
+            check_resume(load_config(sets=[*TINY, field], run_id="r"), before)
 
 
 def test_resume_of_a_run_stored_before_a_field_existed():
     """A stored config without a field added since (here refine.teacher_concurrency) is read with that
     field's default, so resuming with the same config is no change; a real change is still refused."""
-    from flows.curriculum import _check_resume
+    from flows.curriculum import check_resume
 
     before = load_config(sets=TINY, run_id="r").model_dump(mode="json")
     del before["refine"]["teacher_concurrency"]
-    assert _check_resume(load_config(sets=TINY, run_id="r"), before) is None
+    assert check_resume(load_config(sets=TINY, run_id="r"), before) is None
     with pytest.raises(ValueError, match=r"differs in: rollout\.temperature\)"):
-        _check_resume(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="r"), before)
+        check_resume(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="r"), before)
     before["refine"]["gone_field"] = 1  # no longer validates: compared as stored, so the field differs
     with pytest.raises(ValueError, match=r"differs in: refine\.gone_field\)"):
-        _check_resume(load_config(sets=TINY, run_id="r"), before)
+        check_resume(load_config(sets=TINY, run_id="r"), before)

@@ -64,7 +64,7 @@ def test_collect_flags_counts_and_logs_timeouts_and_scores_the_rest(store, two_p
 
     answers, ids = two_prompts
     land_pool(store, "t", 0, ids)
-    monkeypatch.setattr(tasks.rollout, "load_model", lambda *a, **k: ScriptBackend(tiny_backend, answers))
+    monkeypatch.setattr(tasks.rollout, "load_generator", lambda *a, **k: ScriptBackend(tiny_backend, answers))
     cfg = RolloutConfig(group_size=4, fewshot_k=0, lope_prefixes=0)
     logged = Lines()  # on the logger itself: Prefect's logging set-up replaces the root handlers caplog uses
     logging.getLogger("refinery.verify").addHandler(logged)

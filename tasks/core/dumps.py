@@ -9,13 +9,15 @@ own writers (cited per reader; the fixtures in tests/test_import.py are written 
   `input`.
 - `trl`: GRPOTrainer with `log_completions=True` writes `<output_dir>/completions/completions_{step:05d}.parquet`
   with `step`, `prompt`, `completion`, one float column per reward function, any `log_extra` columns and
-  `advantage` (huggingface/trl, trl/trainer/grpo_trainer.py, `GRPOTrainer.log`). The reward is the sum of the
-  reward columns (NaN counts 0, as TRL's nansum), or the one `reward_column` names; groups are the rows of
-  one step with the same prompt.
+  `advantage` (huggingface/trl, trl/trainer/grpo_trainer.py, `GRPOTrainer.log`). The reward is the unweighted
+  sum of the float columns (NaN counts 0, as TRL's nansum; a row whose rewards are all NaN is a bad row), or
+  the one `reward_column` names: pass it when the trainer used `reward_weights` or logged float `log_extra`
+  columns, which the sum would otherwise include. Groups are the rows of one step with the same prompt.
 - `prime-rl`: `outputs/<run>/rollouts/step_{n}/{train|eval}/{all|effective}/traces.jsonl`, one episode per
   line as verifiers' `Episode.to_record` writes it (PrimeIntellect-ai/prime-rl, src/prime_rl/monitors/file.py
   `FileMonitor.log_episodes`): the prompt is `task.data.prompt`, the completion the sampled nodes' message
-  contents of the first trace, the reward the sum of score x weight over that trace's `rewards`, the group
+  contents of the first trainable trace, the reward the sum of score x weight over that trace's scored
+  `rewards` (a reward that did not run is null and left out), an episode without a trace is a bad row; the group
   `group.id`, the answer `task.data.answer`, the step `run.work.step` (else the folder's n), and the
   completion's token count the sum of `calls[].usage.completion_tokens`. Only `train/all` (everything
   generated) is read unless another subset is named in the path.
@@ -97,7 +99,7 @@ def _text(v: Any) -> str | None:
     return None
 
 
-def _check(file: Path, line: int, prompt: Any, completion: Any, reward: Any, step: Any) -> str | None:
+def _check(file: Path, line: int, prompt: object, completion: object, reward: object, step: object) -> str | None:
     if _text(prompt) is None or not _text(prompt).strip():
         return "prompt missing or not text"
     if not isinstance(completion, str):
@@ -122,7 +124,7 @@ def read_verl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
                 continue
             gts = obj.get("gts")
             extra = {k: v for k, v in obj.items() if k not in ("input", "output", "gts", "score", "step")}
-            rows.append(DumpRow(step, obj["input"], obj["output"], float(obj["score"]),
+            rows.append(DumpRow(step, _text(obj["input"]), obj["output"], float(obj["score"]),
                                 "" if gts is None else str(gts), extra=extra, file=_name(f, path), line=n))
     return rows, bad
 
@@ -151,9 +153,9 @@ def read_trl(path: str, reward_column: str | None = None) -> tuple[list[DumpRow]
             continue
         for n, r in enumerate(t.to_pylist(), 1):
             parts = [r[c] for c in rewards]
-            total = sum(0.0 if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in parts) \
-                if all(v is None or _reward(v) is not None or (isinstance(v, float) and math.isnan(v)) for v in parts) \
-                else None
+            missing = [v is None or (isinstance(v, float) and math.isnan(v)) for v in parts]
+            total = None if all(missing) or not all(m or _reward(v) is not None for m, v in zip(missing, parts)) \
+                else sum(v for m, v in zip(missing, parts) if not m)  # every reward NaN: TRL could not score it
             problem = _check(f, n, r["prompt"], r["completion"], total, r["step"])
             if problem is not None:
                 bad.append(BadRow(str(f), n, problem))
@@ -171,20 +173,29 @@ def read_prime_rl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
     rows, bad = [], []
     files = _files(path, "traces.jsonl", "traces.jsonl")
     if Path(path).is_dir():  # everything generated for training, not the trained-on subset or evaluations
-        files = [f for f in files if f.parent.name == "all" and f.parent.parent.name == "train"] or files
+        files = ([f for f in files if f.parent.name == "all" and f.parent.parent.name == "train"]
+                 or [f for f in files if f.parent.name == "all"] or files)  # `effective` repeats part of `all`
     for f in files:
         folder_step = next((int(m.group(1)) for p in f.parents if (m := _STEP_DIR.match(p.name))), None)
         for n, ep, problem in _json_lines(f):
             if problem is None:
                 try:
-                    trace = ep["traces"][0]
+                    traces = ep.get("traces") or []
+                    if not traces:
+                        bad.append(BadRow(str(f), n, "a failed episode: no trace (errors: "
+                                          f"{json.dumps(ep.get('errors'))[:200]})"))
+                        continue
+                    trace = next((t for t in traces if (t.get("agent") or {}).get("trainable", True)), traces[0])
                     data = ep.get("task", {}).get("data", {})
                     prompt = data.get("prompt")
                     if prompt is None:  # the first non-sampled user message
                         prompt = next(nd["message"]["content"] for nd in trace["nodes"]
                                       if not nd.get("sampled") and nd["message"].get("role") == "user")
-                    completion = "".join(nd["message"]["content"] for nd in trace["nodes"] if nd.get("sampled"))
-                    reward = sum(r["score"] * r.get("weight", 1.0) for r in trace.get("rewards", {}).values())
+                    completion = "".join(nd["message"].get("content") or "" for nd in trace["nodes"]
+                                         if nd.get("sampled"))  # a tool-call-only turn has no content
+                    scored = [r for r in (trace.get("rewards") or {}).values() if r is not None]  # None: not run
+                    reward = sum(r["score"] * r.get("weight", 1.0) for r in scored) \
+                        if all(_reward(r.get("score")) is not None for r in scored) else None
                     step = ep.get("run", {}).get("work", {}).get("step", folder_step)
                     usage = [c.get("usage", {}).get("completion_tokens") for c in trace.get("calls", [])]
                 except (KeyError, IndexError, TypeError, StopIteration, AttributeError) as e:
@@ -211,7 +222,10 @@ def read_plain(path: str) -> tuple[list[DumpRow], list[BadRow]]:
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        records = list(enumerate(pq.read_table(p).to_pylist(), 1))
+        try:
+            records = list(enumerate(pq.read_table(p).to_pylist(), 1))
+        except Exception as e:  # noqa: BLE001 (an unreadable file is one error naming it)
+            raise ValueError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
         items = [(n, r, None) for n, r in records]
     elif p.suffix == ".jsonl":
         items = list(_json_lines(p))
