@@ -35,7 +35,7 @@ from pydantic import Field
 
 from models.backend import Backend, Completion, Sampling
 from models.config import ModelConfig, Section
-from models.registry import load_model
+from models.registry import load_model, release_backends
 
 
 class ScaleConfig(Section):
@@ -103,8 +103,6 @@ class GenerationWorker:
 
     def load(self, model: dict) -> str:
         if model != self.spec:
-            from models.registry import release_backends
-
             self.backend = None
             release_backends()  # one policy per worker: the previous checkpoint goes first
             self.backend, self.spec = load_model(ModelConfig.model_validate(model)), model
@@ -145,7 +143,7 @@ class ShardedBackend:
     flow-side copy `local` (rendering, tokenizer, scoring)."""
 
     def __init__(self, local, model: ModelConfig, scale: ScaleConfig):
-        self.local, self.scale = local, scale
+        self.local = local
         self.name = f"{local.name} x{scale.rollout_workers} Ray workers"
         self.workers = actors(scale)
         ray = _ray()
@@ -153,9 +151,6 @@ class ShardedBackend:
 
     def __getattr__(self, attr):  # tokenizer, eos_ids, encode, render, score, score_ids, ...
         return getattr(self.local, attr)
-
-    def render(self, messages: list[dict]) -> str:
-        return self.local.render(messages)
 
     def _fan_out(self, method: str, items: list, n: int, sampling: Sampling,
                  progress: Callable[[int], None] | None, row_seeds: list[int] | None) -> list[list[Completion]]:

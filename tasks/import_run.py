@@ -24,15 +24,13 @@ nothing lands, `skip_invalid` lands the good rows.
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from dataclasses import dataclass
 
 import polars as pl
-import pyarrow as pa
 
 from storage.runs import mark, stored_config
 from storage.store import Store
-from tasks.core.dumps import FORMATS, DumpRow, read_dump
+from tasks.core.dumps import read_dump
 from tasks.core.eps import eps_scores
 from tasks.core.ids import prompt_id
 from tasks.core.sources import SourceRow
@@ -64,21 +62,10 @@ def _count_tokens(tokenizer: str):
     return lambda texts: [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
 
 
-def rounds_of(rows: list[DumpRow]) -> dict[int, int]:
-    """step -> round: the k-th distinct step (ascending) is round k.
-
-    >>> rounds_of([DumpRow(7, "p", "c", 1.0), DumpRow(3, "p", "c", 0.0)])
-    {3: 0, 7: 1}
-    """
-    return {step: k for k, step in enumerate(sorted({r.step for r in rows}))}
-
-
 def import_dump(store: Store, fmt: str, path: str, run_id: str, correct_at: float = 1.0,
                 tokenizer: str = "default", skip_invalid: bool = False, beta: float = 0.5, tau: float = 0.0,
                 eps: float = 1e-6, reward_column: str | None = None) -> ImportSummary:
     """Read the dump at `path` in format `fmt` and land it as run `run_id` (module docstring)."""
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
     rows, bad = read_dump(fmt, path, reward_column)
     if bad and not skip_invalid:
         raise IngestRejected(path, bad)
@@ -93,37 +80,38 @@ def import_dump(store: Store, fmt: str, path: str, run_id: str, correct_at: floa
     source = f"import:{fmt}"
     ids = [prompt_id(r.prompt, r.answer, source) for r in rows]
     commit_prompts(store, [SourceRow(pid, r.prompt, r.answer, source) for pid, r in zip(ids, rows)])
-    step_round = rounds_of(rows)
-    counts = _count_tokens(tokenizer)([r.completion for r in rows if r.n_tokens is None]) \
-        if any(r.n_tokens is None for r in rows) else []
-    counted = iter(counts)
-    by_round: dict[int, list[dict]] = defaultdict(list)
-    samples: dict[tuple, int] = defaultdict(int)
-    for pid, r in zip(ids, rows):
-        rnd = step_round[r.step]
-        key = (rnd, pid)  # EPS and the rollouts key on the prompt: two groups of one prompt in a step are one
-        idx, samples[key] = samples[key], samples[key] + 1
-        aug = {"import": {"format": fmt, "step": r.step, "file": r.file, "line": r.line,
-                          **({"group": r.group} if r.group is not None else {}),
-                          **({"extra": r.extra} if r.extra else {})}}
-        by_round[rnd].append({
-            "run_id": run_id, "round": rnd, "policy_version": rnd, "prompt_id": pid, "sample_idx": idx,
-            "prompt_text": r.prompt, "completion": r.completion, "reward": float(r.reward),
-            "correct": bool(r.reward >= correct_at), "n_tokens": r.n_tokens if r.n_tokens is not None else next(counted),
-            "mean_logprob": None, "finish_reason": "stop", "augmentation": json.dumps(aug, sort_keys=True, default=str),
-            "verify_timeout": None})
+    uncounted = [r.completion for r in rows if r.n_tokens is None]
+    counted = iter(_count_tokens(tokenizer)(uncounted) if uncounted else [])
+    augmentation = [json.dumps({"import": {"format": fmt, "step": r.step, "file": r.file, "line": r.line,
+                                           **({"group": r.group} if r.group is not None else {}),
+                                           **({"extra": r.extra} if r.extra else {})}}, sort_keys=True, default=str)
+                    for r in rows]
+    rollouts = pl.DataFrame({
+        "prompt_id": ids, "step": [r.step for r in rows], "prompt_text": [r.prompt for r in rows],
+        "completion": [r.completion for r in rows], "reward": [float(r.reward) for r in rows],
+        "n_tokens": [r.n_tokens if r.n_tokens is not None else next(counted) for r in rows],
+        "augmentation": augmentation,
+    }).with_columns(
+        run_id=pl.lit(run_id),
+        round=(pl.col("step").rank("dense") - 1).cast(pl.Int32),  # the k-th distinct step is round k
+    ).with_columns(
+        policy_version=pl.col("round"),
+        # in file order; keyed on the prompt as EPS is: two groups of one prompt in a step are one
+        sample_idx=pl.int_range(pl.len()).over("round", "prompt_id").cast(pl.Int32),
+        correct=pl.col("reward") >= correct_at,
+        mean_logprob=pl.lit(None, pl.Float64), finish_reason=pl.lit("stop"), verify_timeout=pl.lit(None, pl.Boolean),
+    ).drop("step")
+    rounds = rollouts["round"].unique().sort().to_list()
     mark(store, run_id, "running", config)
     landed = 0
-    for rnd in sorted(by_round):
+    for rnd in rounds:
         if store.landed(run_id, rnd, "import"):
             continue
-        table = pa.Table.from_pylist(by_round[rnd])
-        scores = eps_scores(pl.from_arrow(table), beta, tau, eps)
-        pool_ids = sorted({r["prompt_id"] for r in by_round[rnd]})
-        pool = pa.table({"run_id": [run_id] * len(pool_ids), "round": pa.array([rnd] * len(pool_ids), pa.int32()),
-                         "prompt_id": pool_ids, "status": ["active"] * len(pool_ids)})
-        store.commit("import", {"rollouts": table, "prompt_scores": scores.to_arrow(), "pool": pool},
-                     run_id=run_id, round=rnd)
+        mine = rollouts.filter(pl.col("round") == rnd)
+        pool = mine.select("run_id", "round", "prompt_id").unique().sort("prompt_id").with_columns(
+            status=pl.lit("active"))
+        store.commit("import", {"rollouts": mine.to_arrow(), "prompt_scores": eps_scores(mine, beta, tau, eps).to_arrow(),
+                                "pool": pool.to_arrow()}, run_id=run_id, round=rnd)
         landed += 1
     mark(store, run_id, "completed", config, reason=f"imported from {fmt} dump {path}")
-    return ImportSummary(run_id, fmt, len(rows), len(by_round), len(set(ids)), landed, [str(b) for b in bad])
+    return ImportSummary(run_id, fmt, len(rows), len(rounds), len(set(ids)), landed, [str(b) for b in bad])

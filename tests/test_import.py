@@ -147,7 +147,7 @@ def test_bad_rows_are_named_and_nothing_lands(store, tmp_path):
     code, out, err = run_cli("import", "plain", str(tmp_path / "bad.jsonl"), "--run-id", "b", "--store", store.root,
                              *TOK)
     assert code == 1 and "6 bad row(s), nothing written" in err
-    for line, problem in [(2, "not a JSON object"), (3, "reward 'high' is not a finite number"),
+    for line, problem in [(2, "not valid JSON"), (3, "reward 'high' is not a finite number"),
                           (4, "step -1 is not a non-negative integer"), (5, "prompt missing or not text")]:
         assert f"bad.jsonl line {line}: {problem}" in err
     assert not (tmp_path / "store" / "rollouts").exists()

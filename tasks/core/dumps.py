@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tasks.core.sources import BadRow
+from tasks.core.sources import BadRow, read_jsonl
 
 FORMATS = ("verl", "trl", "prime-rl", "plain")
 
@@ -54,13 +54,13 @@ class DumpRow:
     line: int = 0
 
 
-def _files(path: str, pattern: str, suffix: str) -> list[Path]:
+def _files(path: str, pattern: str) -> list[Path]:
     p = Path(path)
     if p.is_file():
         return [p]
     if not p.is_dir():
         raise ValueError(f"{path}: no such file or folder")
-    found = sorted(f for f in p.rglob(pattern) if f.is_file() and f.name.endswith(suffix))
+    found = sorted(f for f in p.rglob(pattern) if f.is_file())
     if not found:
         raise ValueError(f"{path}: no {pattern} files in this folder")
     return found
@@ -71,17 +71,15 @@ def _name(f: Path, path: str) -> str:
     return str(f.relative_to(path)) if Path(path).is_dir() else f.name
 
 
-def _json_lines(f: Path):
-    with f.open("rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                yield n, None, f"not a JSON object ({type(e).__name__})"
-                continue
-            yield n, obj, None if isinstance(obj, dict) else "not a JSON object"
+def _objects(f: Path, bad: list[BadRow]):
+    """(line, object) for each JSON object line of `f` (ingest's reader); other lines go to `bad`."""
+    records, broken = read_jsonl(f)
+    bad += [BadRow(str(f), b.line, b.problem) for b in broken]  # the path: prime-rl's files share one name
+    for n, obj in records:
+        if isinstance(obj, dict):
+            yield n, obj
+        else:
+            bad.append(BadRow(str(f), n, "not a JSON object"))
 
 
 def _reward(v: Any) -> float | None:
@@ -99,7 +97,7 @@ def _text(v: Any) -> str | None:
     return None
 
 
-def _check(file: Path, line: int, prompt: object, completion: object, reward: object, step: object) -> str | None:
+def _check(prompt: object, completion: object, reward: object, step: object) -> str | None:
     if _text(prompt) is None or not _text(prompt).strip():
         return "prompt missing or not text"
     if not isinstance(completion, str):
@@ -113,12 +111,11 @@ def _check(file: Path, line: int, prompt: object, completion: object, reward: ob
 
 def read_verl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
     rows, bad = [], []
-    for f in _files(path, "*.jsonl", ".jsonl"):
+    for f in _files(path, "*.jsonl"):
         stem_step = int(f.stem) if f.stem.isdigit() else None
-        for n, obj, problem in _json_lines(f):
-            if problem is None:
-                step = obj.get("step", stem_step)
-                problem = _check(f, n, obj.get("input"), obj.get("output"), obj.get("score"), step)
+        for n, obj in _objects(f, bad):
+            step = obj.get("step", stem_step)
+            problem = _check(obj.get("input"), obj.get("output"), obj.get("score"), step)
             if problem is not None:
                 bad.append(BadRow(str(f), n, problem))
                 continue
@@ -137,7 +134,7 @@ def read_trl(path: str, reward_column: str | None = None) -> tuple[list[DumpRow]
     import pyarrow.parquet as pq
 
     rows, bad = [], []
-    for f in _files(path, "completions_*.parquet", ".parquet"):
+    for f in _files(path, "completions_*.parquet"):
         try:
             t = pq.read_table(f)
         except Exception as e:  # noqa: BLE001 (any unreadable file is one bad row naming it)
@@ -156,7 +153,7 @@ def read_trl(path: str, reward_column: str | None = None) -> tuple[list[DumpRow]
             missing = [v is None or (isinstance(v, float) and math.isnan(v)) for v in parts]
             total = None if all(missing) or not all(m or _reward(v) is not None for m, v in zip(missing, parts)) \
                 else sum(v for m, v in zip(missing, parts) if not m)  # every reward NaN: TRL could not score it
-            problem = _check(f, n, r["prompt"], r["completion"], total, r["step"])
+            problem = _check(r["prompt"], r["completion"], total, r["step"])
             if problem is not None:
                 bad.append(BadRow(str(f), n, problem))
                 continue
@@ -171,37 +168,36 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 def read_prime_rl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
     rows, bad = [], []
-    files = _files(path, "traces.jsonl", "traces.jsonl")
+    files = _files(path, "traces.jsonl")
     if Path(path).is_dir():  # everything generated for training, not the trained-on subset or evaluations
         files = ([f for f in files if f.parent.name == "all" and f.parent.parent.name == "train"]
                  or [f for f in files if f.parent.name == "all"] or files)  # `effective` repeats part of `all`
     for f in files:
         folder_step = next((int(m.group(1)) for p in f.parents if (m := _STEP_DIR.match(p.name))), None)
-        for n, ep, problem in _json_lines(f):
-            if problem is None:
-                try:
-                    traces = ep.get("traces") or []
-                    if not traces:
-                        bad.append(BadRow(str(f), n, "a failed episode: no trace (errors: "
-                                          f"{json.dumps(ep.get('errors'))[:200]})"))
-                        continue
-                    trace = next((t for t in traces if (t.get("agent") or {}).get("trainable", True)), traces[0])
-                    data = ep.get("task", {}).get("data", {})
-                    prompt = data.get("prompt")
-                    if prompt is None:  # the first non-sampled user message
-                        prompt = next(nd["message"]["content"] for nd in trace["nodes"]
-                                      if not nd.get("sampled") and nd["message"].get("role") == "user")
-                    completion = "".join(nd["message"].get("content") or "" for nd in trace["nodes"]
-                                         if nd.get("sampled"))  # a tool-call-only turn has no content
-                    scored = [r for r in (trace.get("rewards") or {}).values() if r is not None]  # None: not run
-                    reward = sum(r["score"] * r.get("weight", 1.0) for r in scored) \
-                        if all(_reward(r.get("score")) is not None for r in scored) else None
-                    step = ep.get("run", {}).get("work", {}).get("step", folder_step)
-                    usage = [c.get("usage", {}).get("completion_tokens") for c in trace.get("calls", [])]
-                except (KeyError, IndexError, TypeError, StopIteration, AttributeError) as e:
-                    bad.append(BadRow(str(f), n, f"not a verifiers episode ({type(e).__name__}: {e})"))
+        for n, ep in _objects(f, bad):
+            try:
+                traces = ep.get("traces") or []
+                if not traces:
+                    bad.append(BadRow(str(f), n, "a failed episode: no trace (errors: "
+                                      f"{json.dumps(ep.get('errors'))[:200]})"))
                     continue
-                problem = _check(f, n, prompt, completion, reward, step)
+                trace = next((t for t in traces if (t.get("agent") or {}).get("trainable", True)), traces[0])
+                data = ep.get("task", {}).get("data", {})
+                prompt = data.get("prompt")
+                if prompt is None:  # the first non-sampled user message
+                    prompt = next(nd["message"]["content"] for nd in trace["nodes"]
+                                  if not nd.get("sampled") and nd["message"].get("role") == "user")
+                completion = "".join(nd["message"].get("content") or "" for nd in trace["nodes"]
+                                     if nd.get("sampled"))  # a tool-call-only turn has no content
+                scored = [r for r in (trace.get("rewards") or {}).values() if r is not None]  # None: not run
+                reward = sum(r["score"] * r.get("weight", 1.0) for r in scored) \
+                    if all(_reward(r.get("score")) is not None for r in scored) else None
+                step = ep.get("run", {}).get("work", {}).get("step", folder_step)
+                usage = [c.get("usage", {}).get("completion_tokens") for c in trace.get("calls", [])]
+            except (KeyError, IndexError, TypeError, StopIteration, AttributeError) as e:
+                bad.append(BadRow(str(f), n, f"not a verifiers episode ({type(e).__name__}: {e})"))
+                continue
+            problem = _check(prompt, completion, reward, step)
             if problem is not None:
                 bad.append(BadRow(str(f), n, problem))
                 continue
@@ -216,7 +212,7 @@ def read_prime_rl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
 
 
 def read_plain(path: str) -> tuple[list[DumpRow], list[BadRow]]:
-    p = Path(path)
+    p, rows, bad = Path(path), [], []
     if not p.is_file():
         raise ValueError(f"{path}: no such file")
     if p.suffix == ".parquet":
@@ -226,15 +222,12 @@ def read_plain(path: str) -> tuple[list[DumpRow], list[BadRow]]:
             records = list(enumerate(pq.read_table(p).to_pylist(), 1))
         except Exception as e:  # noqa: BLE001 (an unreadable file is one error naming it)
             raise ValueError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
-        items = [(n, r, None) for n, r in records]
     elif p.suffix == ".jsonl":
-        items = list(_json_lines(p))
+        records = list(_objects(p, bad))
     else:
         raise ValueError(f"{path}: a plain dump is a .jsonl or .parquet file")
-    rows, bad = [], []
-    for n, r, problem in items:
-        if problem is None:
-            problem = _check(p, n, r.get("prompt"), r.get("completion"), r.get("reward"), r.get("step", 0))
+    for n, r in records:
+        problem = _check(r.get("prompt"), r.get("completion"), r.get("reward"), r.get("step", 0))
         if problem is None and r.get("group") is not None and not isinstance(r["group"], str | int):
             problem = "group is not a string or integer"
         if problem is not None:

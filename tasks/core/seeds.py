@@ -8,6 +8,8 @@ is scored on the same samples whichever round evaluates it.
 
 from __future__ import annotations
 
+from tasks.core.ids import seed_of
+
 ROUND_STRIDE = 1000
 
 
@@ -28,6 +30,4 @@ def row_seeds(seed: int, keys: list[str]) -> list[int]:
     >>> row_seeds(3, ["a", "b"]) == row_seeds(3, ["a", "b"]), row_seeds(3, ["a"]) == row_seeds(4, ["a"])
     (True, False)
     """
-    import hashlib
-
-    return [int.from_bytes(hashlib.blake2b(f"{seed}:{k}".encode(), digest_size=4).digest(), "little") for k in keys]
+    return [seed_of(f"{seed}:{k}") for k in keys]
