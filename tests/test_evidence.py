@@ -17,8 +17,9 @@ from tasks.comparison_page import build, markdown
 from tasks.comparison_plots import plots
 from tasks.core.curves import at_budget, matched_budget
 
-# the scripted backend (real groups with mixed rewards, so GRPO takes steps) with training on
-SETS = [s for s in SCRIPTED if s != "train.enabled=false"] + ["eval.heldout_fraction=0.3"]
+# the scripted backend (real groups with mixed rewards, so GRPO takes steps) with training on; a batch of 2
+# prompts, so dapo_filter (which draws every training prompt) discards groups whatever the seeds sample
+SETS = [s for s in SCRIPTED if s != "train.enabled=false"] + ["eval.heldout_fraction=0.3", "select.batch_size=2"]
 EXTERNAL = [{"id": "near/0", "question": "What is 2 + 3 + 4?", "answer": "9", "meta": {"kind": "near"}},
             {"id": "near/1", "question": "What is 3 * 3 * 2?", "answer": "18", "meta": {"kind": "near"}},
             {"id": "far/0", "question": "What is the GCD of 12 and 18?", "answer": "6", "meta": {"kind": "far"}}]
