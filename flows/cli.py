@@ -30,12 +30,12 @@ from flows.commands import (
     cmd_run,
     cmd_serve,
 )
-from flows.read_commands import cmd_catalog, cmd_lineage, cmd_sql
+from flows.read_commands import cmd_catalog, cmd_export, cmd_lineage, cmd_sql
 from flows.run_summary import print_summary, try_command
 
 __all__ = ["CliError", "build_parser", "check_store", "main", "print_summary", "try_command"]
 
-READ_COMMANDS = ("sql", "lineage", "report", "eval", "catalog", "rescore")  # refused on a store that is not there
+READ_COMMANDS = ("sql", "lineage", "report", "eval", "catalog", "rescore", "export")  # refused on a store that is not there
 
 
 class _Parser(argparse.ArgumentParser):
@@ -107,6 +107,18 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--reward-column", default=None, help="trl: the reward column (default: the sum of all)")
     im.add_argument("--skip-invalid", action="store_true", help="land the good rows and report the bad ones")
     im.set_defaults(func=cmd_import)
+
+    ex = sub.add_parser("export", parents=[common], help="write a run's curriculum (or its shaped traces) as a "
+                        "Parquet dataset for TRL, verl or SFT")
+    ex.add_argument("run_id")
+    ex.add_argument("out", help="the .parquet file to write (outside the store)")
+    ex.add_argument("--format", choices=["trl", "verl", "sft"], default="trl", help="trl: prompt messages and our "
+                    "columns; verl: plus data_source, ability, reward_model, extra_info; sft: shaped traces as "
+                    "messages (docs/interop.md)")
+    ex.add_argument("--round", type=int, default=None, help="the round whose pool and selection to export "
+                    "(default: the run's last); sft: traces of rounds up to it")
+    ex.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    ex.set_defaults(func=cmd_export)
 
     q = sub.add_parser("sql", parents=[common], help="read-only SQL over the store's views")
     q.add_argument("query")

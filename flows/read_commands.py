@@ -1,6 +1,7 @@
-"""The `refinery` commands that only read the store: sql, catalog and lineage, and the output formats.
+"""The `refinery` commands that only read the store: sql, catalog, lineage and export, and the output formats.
 
-None of them starts Prefect. `sql` goes through the confined, read-only SQL of storage/query.py; `catalog`
+None of them starts Prefect. `export` writes a run's curriculum as a Parquet file outside the store
+(tasks/export_run.py). `sql` goes through the confined, read-only SQL of storage/query.py; `catalog`
 writes catalog.duckdb for the stock duckdb CLI; `lineage` prints a prompt's ancestors and descendants with
 their per-round scores and latest pool status, as a tree (rich) or as JSON.
 """
@@ -36,6 +37,14 @@ def cmd_sql(a: argparse.Namespace) -> int:
     from storage.store import Store
 
     print(format_table(sql(Store(a.store), a.query), a.format))
+    return 0
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from storage.store import Store
+    from tasks.export_run import export_run
+
+    print(export_run(Store(a.store), a.run_id, a.format, a.out, round=a.round, overwrite=a.overwrite))
     return 0
 
 
