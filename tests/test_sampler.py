@@ -1,0 +1,90 @@
+"""The Sampler (flows/sampler.py) steering an external training loop: examples/sampler_grpo.py (plain-torch
+GRPO on the tiny model) is SIGKILLed after a round's observation landed and before its own checkpoint, then
+started again with the same command; the batches its model trained on are the store's rounds, in order, none
+repeated and none skipped. Also what the sampler refuses."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import q
+
+from flows.sampler import Sampler
+
+REPO = Path(__file__).resolve().parent.parent
+SETS = ["model.policy=tiny-random", "select.embedder=hashing", "refine.strategies=[\"ladder\"]",
+        'pool.sources=[{"source": "rg:products", "size": 6, "params": {"max_digits": 1}}, '
+        '{"source": "rg:chain_sum", "size": 4, "params": {"max_terms": 2, "max_digits": 1}}]']
+
+
+def loop(store, ckpt, env=None):
+    args = [sys.executable, str(REPO / "examples" / "sampler_grpo.py"), "--store", store.root, "--run-id", "ext",
+            "--checkpoint", str(ckpt), "--steps", "3", "--batch", "3", "--group", "2", "--max-new-tokens", "4"]
+    for s in SETS:
+        args += ["--set", s]
+    return subprocess.Popen(args, cwd=REPO, env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_a_killed_loop_resumes_on_the_same_batches(store, tmp_path):
+    import torch
+
+    ckpt, flag = tmp_path / "loop.pt", tmp_path / "reached"
+    proc = loop(store, ckpt, {"REFINERY_FAULT": "sampler:observed:1", "REFINERY_FAULT_FLAG": str(flag)})
+    deadline = time.time() + 300
+    while not flag.exists():
+        assert proc.poll() is None, f"the loop exited before the fault point: {proc.stdout.read()}"
+        assert time.time() < deadline, "the loop never reached the fault point"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    # killed between round 1's landed observation and the loop's checkpoint of step 1
+    assert torch.load(ckpt, weights_only=False)["step"] == 1 and store.landed("ext", 1, "score")
+
+    proc = loop(store, ckpt)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert "resumed at step 1 (sampler round 1)" in out
+    history = torch.load(ckpt, weights_only=False)["history"]
+    drawn = {}
+    for r in q(store, "SELECT round, prompt_id FROM selections WHERE run_id = 'ext' ORDER BY round, prompt_id"):
+        drawn.setdefault(r["round"], []).append(r["prompt_id"])
+    assert [sorted(h) for h in history] == [drawn[r] for r in range(3)] and len(drawn) == 3
+    # each round landed once: one group of 2 per batch prompt, whatever the rerun generated
+    counts = q(store, "SELECT round, count(*) AS n, count(DISTINCT prompt_id) AS p FROM rollouts WHERE run_id = 'ext' "
+                      "GROUP BY round ORDER BY round")
+    assert counts == [{"round": r, "n": 6, "p": 3} for r in range(3)]
+    assert [r["status"] for r in q(store, "SELECT status FROM runs WHERE run_id = 'ext' ORDER BY created_at")] == [
+        "running", "failed", "resumed", "completed"]  # the dead loop's run is found failed by its successor
+    # the rounds are a run like any other: scored, and refined where too hard
+    assert q(store, "SELECT count(DISTINCT round) AS n FROM prompt_scores WHERE run_id = 'ext'") == [{"n": 3}]
+
+
+def test_what_the_sampler_refuses(store):
+    with pytest.raises(ValueError, match="dapo_filter oversamples"):
+        Sampler(store.root, "x", sets=[*SETS, "select.selector=dapo_filter"])
+    with Sampler(store.root, "x", sets=SETS) as s:
+        with pytest.raises(ValueError, match="no batch yet"):
+            s.observe(["p"], [1.0])
+        batch = s.next_batch(2)
+        assert len(batch) == 2 and s.next_batch(2) == batch  # a drawn round is served again as drawn
+        ids = [b["prompt_id"] for b in batch]
+        with pytest.raises(ValueError, match="not in round 0's batch"):
+            s.observe(["nope"], [1.0])
+        with pytest.raises(ValueError, match="2 prompt_ids but 1 rewards"):
+            s.observe(ids, [1.0])
+        with pytest.raises(ValueError, match="not a finite number"):
+            s.observe(ids, [1.0, float("nan")])
+        with pytest.raises(ValueError, match="state is of run 'y'"):
+            s.load_state_dict({"run_id": "y", "round": 0})
+        with pytest.raises(ValueError, match="never observed"):
+            s.load_state_dict({"run_id": "x", "round": 5})
+        assert not store.landed("x", 0, "collect")  # nothing landed by the refused calls
+        s.observe(ids, [1.0, 0.0])
+        assert s.state_dict() == {"run_id": "x", "round": 1}
+    with pytest.raises(ValueError, match="was sampled with another config"):
+        Sampler(store.root, "x", sets=[*SETS, "select.selector=uniform"])
