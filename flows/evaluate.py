@@ -23,11 +23,39 @@ from storage.query import scan
 from storage.store import Store, default_root
 
 
+def made_by(config: dict) -> str | None:
+    """Who made a run that `refinery run` did not (its stored config says so), else None."""
+    if "imported" in config:
+        return "`refinery import`"
+    if "sampler" in config:
+        return "an external loop's sampler (flows/sampler.py)"
+    return None
+
+
 def latest_run(store: Store) -> str:
-    runs = scan(store, "runs").select("run_id", "created_at").collect()
-    if runs.height == 0:
-        raise ValueError(f"the store {store.uri} has no runs; start one with `refinery run`")
-    return runs.sort("created_at")["run_id"][-1]
+    """The newest run `refinery run` made (imported and sampler runs have no checkpoints of their own)."""
+    import json
+
+    runs = scan(store, "runs").select("run_id", "created_at", "config").collect().sort("created_at")
+    own = [r for r, c in zip(runs["run_id"], runs["config"]) if made_by(json.loads(c)) is None]
+    if not own:
+        raise ValueError(f"the store {store.uri} has no runs of `refinery run`; start one with `refinery run`")
+    return own[-1]
+
+
+def run_config(store: Store, run_id: str, purpose: str):
+    """The stored config of a `refinery run` run as a RunConfig; a run made otherwise is refused in one line."""
+    from flows.config import RunConfig
+    from storage.runs import stored_config
+
+    cfg = stored_config(store, run_id)
+    if cfg is None:
+        raise ValueError(f"run {run_id!r} is not in the store {store.uri}")
+    other = made_by(cfg)
+    if other:
+        raise ValueError(f"run {run_id} was made by {other}, not `refinery run`: it has no checkpoints of its "
+                         f"own to {purpose}")
+    return RunConfig.model_validate(cfg)
 
 
 MAX_DATASET_NAME = 100  # the stage name eval-v<version>-<name>-<8 hex> stays within the store's 128 characters
@@ -77,19 +105,14 @@ def refuse_other_file(s: Store, run_ids: list[str], name: str, ids: set[str], hi
 def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: str | None = None,
              dataset: str | None = None, dataset_name: str | None = None) -> dict:
     """Evaluate checkpoint `checkpoint` (a policy_version; default the newest) of run `run_id` (default the
-    newest run) on the run's held-out split, or on the prompt file `dataset` (split `dataset:<name>`)."""
-    from flows.config import RunConfig
+    newest run `refinery run` made) on the run's held-out split, or on the prompt file `dataset` (split `dataset:<name>`)."""
     from storage.checkpoints import checkpoint_versions
-    from storage.runs import stored_config
     from tasks.evaluate import evaluate_versions
     from tasks.stage import RoundContext, skipped
 
     s = Store(store or default_root())
     run_id = run_id or latest_run(s)
-    cfg = stored_config(s, run_id)
-    if cfg is None:
-        raise ValueError(f"run {run_id!r} is not in the store {s.uri}")
-    config = RunConfig.model_validate(cfg)
+    config = run_config(s, run_id, "evaluate")
     known = checkpoint_versions(s, run_id)
     if known.height == 0:
         known = pl.DataFrame({"policy_version": [0], "round": [0], "path": [config.model.policy]})

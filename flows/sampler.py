@@ -26,10 +26,14 @@ Choices, and why:
   kills the driving loop between a landed observation and its checkpoint). The rewards of a replayed round are
   those of its first observation.
 - A round can be drawn only after the previous one was observed: the pool of round r needs round r-1's
-  scores and refinements.
+  scores and refinements. `observe` needs every prompt of the batch (a group of one completion scores as
+  too hard or saturated, never informative: report G >= 2 per prompt).
+- Call `next_batch` once per training step from the loop (not from a prefetching data loader: until
+  `observe` runs, it serves the same round again), and `observe` once per step with all of the step's rewards.
 - `policy_version` of round r is r (the trainer updates once per batch, as on import); `correct` is reward >=
   `correct_at`. Selection, utility and refinement come from the run config's sections; `select.selector`
-  `dapo_filter` is refused (its oversampling generates, and the sampler does not generate).
+  `dapo_filter` is refused (its oversampling generates, and the sampler does not generate), and so is the
+  `policy` embedder (the policy's checkpoints live in the external trainer).
 - No evaluation, shaping or training: those belong to the external trainer. A refinement strategy that needs
   a teacher uses the config's `refine.teacher` as `refinery run` does.
 """
@@ -38,9 +42,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from contextlib import ExitStack
 
+import polars as pl
 import pyarrow as pa
 
 from flows.config import RunConfig, load_config
@@ -72,6 +78,9 @@ class Sampler:
         if cfg.select.selector == "all":
             raise ValueError("select.selector all draws the whole pool; the sampler draws batches: use kmeans or "
                              "uniform")
+        if cfg.select.embedder == "policy":
+            raise ValueError("select.embedder policy embeds with the policy's checkpoints, which live in the external "
+                             "trainer: use minilm or hashing")
         validate_for_run(cfg)
         self.config, self.run_id, self.correct_at, self.round = cfg, run_id, correct_at, 0
         self.store = Store(store)
@@ -83,8 +92,9 @@ class Sampler:
             if previous is not None and previous.get("sampler") is None:
                 raise ValueError(f"run {run_id} exists and was not made by a sampler; choose another run id")
             if previous is not None and _essential(previous) != _essential(self._recorded()):
-                raise ValueError(f"run {run_id} was sampled with another config (pool, select, utility or refine "
-                                 "differ); choose another run id")
+                raise ValueError(f"run {run_id} was sampled with another config (pool, select, utility, refine, "
+                                 "rollout.instruction, rollout.include_reserve or correct_at differ); choose "
+                                 "another run id")
             mark(self.store, run_id, "running", self._recorded())
         except BaseException:
             self._held.close()
@@ -105,7 +115,12 @@ class Sampler:
             pool_task.fn(ctx, self.config.pool, 0.0, self.config.eval.seed)
             select = self.config.select.model_copy(update={"batch_size": n})
             select_task.fn(ctx, select, self.config.rollout.include_reserve)
-        return self._batch(r)
+            return self._batch(r)
+        batch = self._batch(r)
+        if len(batch) > n or (len(batch) < n and self._candidates(r) > len(batch)):
+            raise ValueError(f"round {r}'s batch was drawn with {len(batch)} prompts; next_batch({n}) must ask for "
+                             "the same size when it replays a round")
+        return batch
 
     def observe(self, prompt_ids: Sequence[str], rewards: Sequence[float],
                 completions: Sequence[str] | None = None, n_tokens: Sequence[int] | None = None) -> dict:
@@ -122,13 +137,26 @@ class Sampler:
         unknown = [p for p in ids if p not in batch]
         if unknown:
             raise ValueError(f"observe: prompt {unknown[0]} is not in round {r}'s batch")
+        unseen = [p for p in batch if p not in set(ids)]
+        if unseen:
+            raise ValueError(f"observe: round {r}'s batch prompt {unseen[0]} has no completion (every prompt of the "
+                             "batch needs its group)")
         bad = [x for x in rewards if not math.isfinite(x)]
         if bad:
             raise ValueError(f"observe: reward {bad[0]} is not a finite number")
         if not ids:
             raise ValueError("observe: no prompt_ids")
         ctx = self._ctx(r)
-        if not self.store.landed(self.run_id, r, "collect"):
+        if self.store.landed(self.run_id, r, "collect"):  # a replayed round: the first observation stands
+            landed = dict(this_round(self.store, "rollouts", self.run_id, r).group_by("prompt_id").len()
+                          .collect().iter_rows())
+            now = Counter(ids)
+            differ = sorted(p for p in landed.keys() | now.keys() if landed.get(p, 0) != now.get(p, 0))
+            if differ:
+                raise ValueError(f"observe: round {r} was observed before with {landed.get(differ[0], 0)} "
+                                 f"completions of prompt {differ[0]}, now {now.get(differ[0], 0)}; a replayed round "
+                                 "must report the same groups")
+        else:
             self.store.commit("collect", {"rollouts": self._rollouts(r, ids, rewards, completions, n_tokens, batch)},
                               run_id=self.run_id, round=r)
         score_task.fn(ctx, self.config.utility)
@@ -182,6 +210,11 @@ class Sampler:
                             base=self.config.model.policy, rounds=max(r + 2, self.config.rounds),
                             model=self.config.model, scale=self.config.scale)
 
+    def _candidates(self, r: int) -> int:
+        statuses = ["active", "reserve"] if self.config.rollout.include_reserve else ["active"]
+        return this_round(self.store, "pool", self.run_id, r).filter(pl.col("status").is_in(statuses)).select(
+            pl.len()).collect().item()
+
     def _batch(self, r: int) -> list[dict]:
         chosen = (this_round(self.store, "selections", self.run_id, r).select("prompt_id")
                   .join(prompts(self.store, "text", "answer", "source"), on="prompt_id", how="left")
@@ -206,5 +239,10 @@ class Sampler:
 
 
 def _essential(config: dict) -> dict:
-    """The sections a resumed sampler must share with the run's first one."""
-    return {k: config.get(k) for k in ("pool", "select", "utility", "refine", "sampler")}
+    """What a resumed sampler must share with the run's first one: everything that decides the batches
+    (`select.batch_size` aside: next_batch's n sets it)."""
+    select = {k: v for k, v in (config.get("select") or {}).items() if k != "batch_size"}
+    rollout = config.get("rollout") or {}
+    return {"pool": config.get("pool"), "select": select, "utility": config.get("utility"),
+            "refine": config.get("refine"), "sampler": config.get("sampler"),
+            "instruction": rollout.get("instruction"), "include_reserve": rollout.get("include_reserve")}

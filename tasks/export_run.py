@@ -10,10 +10,12 @@ external trainer cannot train on the run's held-out split):
   variant), `source`, `status`;
 - `eps`, `bucket`, `mean_reward`, `scored_round`: the prompt's newest EPS score at or before round R (null if
   it was never rolled out);
-- `selected`, `cluster`, `weight`: whether round R trained on it (in the round's `selections`, or, for a round
-  without a select stage, among its rollouts), its k-means cluster and the selection's weight (kmeans: the
-  cluster's softmax weight, the batch share the selector gave that cluster). Sampling the `selected` rows, or
-  all rows by `weight`, reproduces the curriculum.
+- `selected`, `cluster`, `weight`: whether round R trained on it (among the round's own rollouts: not a later
+  rescore's, not DAPO's discarded groups; for a round drawn but not yet collected, such as a sampler's next
+  batch, in its `selections`), and, for a drawn prompt, its k-means cluster and the selection's weight (kmeans:
+  the cluster's softmax weight, the batch share the selector gave that cluster). Training on the `selected`
+  rows reproduces the round's batch.
+The default round is the last one whose batch was drawn or collected.
 Formats (docs/interop.md documents the mapping):
 - `trl`: those columns; TRL's GRPOTrainer reads `prompt` (conversational) and passes the other columns to the
   reward functions as keyword arguments (`answer` for a verifier);
@@ -75,14 +77,19 @@ def curriculum_rows(store: Store, run_id: str, round: int, instruction: str) -> 
             .select("prompt_id", "status").unique("prompt_id"))
     text = prompts(store, "text", "answer", "source", "root_id", "parent_id", "transform")
     scores = (scan(store, "prompt_scores").filter((pl.col("run_id") == run_id) & (pl.col("round") <= round))
-              .sort("round").group_by("prompt_id").agg(pl.col("eps").last(), pl.col("bucket").last(),
-                                                       pl.col("mean_reward").last(),
-                                                       pl.col("round").last().alias("scored_round")))
-    chosen = this_round(store, "selections", run_id, round).select("prompt_id", "cluster", "weight").collect()
-    if chosen.height == 0:  # no select stage this round: what it rolled out is what it trained on
-        chosen = (this_round(store, "rollouts", run_id, round).select("prompt_id").unique().collect()
-                  .with_columns(pl.lit(None, pl.Int32).alias("cluster"), pl.lit(None, pl.Float64).alias("weight")))
-    chosen = chosen.unique("prompt_id").with_columns(pl.lit(True).alias("selected"))
+              .sort("round", "policy_version")
+              .group_by("prompt_id").agg(pl.col("eps").last(), pl.col("bucket").last(), pl.col("mean_reward").last(),
+                                         pl.col("round").last().alias("scored_round")))
+    drawn = this_round(store, "selections", run_id, round).select("prompt_id", "cluster", "weight").collect()
+    if store.landed(run_id, round, "collect") or store.landed(run_id, round, "import"):
+        # what the round trained on: its own rollouts (not a later rescore's, not DAPO's discarded groups)
+        own = this_round(store, "rollouts", run_id, round)
+        trained = (own.filter(pl.col("policy_version") == own.select(pl.col("policy_version").min()).collect().item())
+                   .select("prompt_id").unique().collect())
+    else:  # drawn, not yet collected (the next batch of a sampler or an interrupted run)
+        trained = drawn.select("prompt_id")
+    chosen = (trained.unique("prompt_id").join(drawn.unique("prompt_id"), on="prompt_id", how="left")
+              .with_columns(pl.lit(True).alias("selected")))
     rows = (pool.join(text, on="prompt_id", how="left").join(scores, on="prompt_id", how="left").collect()
             .join(chosen, on="prompt_id", how="left")
             .with_columns(pl.col("selected").fill_null(False)).sort("prompt_id"))
@@ -152,14 +159,17 @@ def export_run(store: Store, run_id: str, fmt: str, out: str, round: int | None 
     if config is None:
         raise ValueError(f"no run {run_id!r} in the store {store.uri}")
     path = check_out(store, out, overwrite)
-    rounds = (scan(store, "pool").filter(pl.col("run_id") == run_id).select(pl.col("round").unique())
+    pooled = (scan(store, "pool").filter(pl.col("run_id") == run_id).select(pl.col("round").unique())
               .collect()["round"].sort().to_list())
+    # a round counts once its batch was drawn or collected (an interrupted run's last pool may have neither)
+    rounds = [r for r in pooled if any(store.landed(run_id, r, s) for s in ("select", "collect", "import"))]
     if not rounds:
-        raise ValueError(f"run {run_id} has no round with a pool yet")
+        raise ValueError(f"run {run_id} has no round with a drawn or collected batch yet")
     if round is None:
         round = rounds[-1]
     elif round not in rounds:
-        raise ValueError(f"run {run_id} has no round {round} (its rounds: {rounds[0]}-{rounds[-1]})")
+        raise ValueError(f"run {run_id} has no round {round} with a drawn or collected batch (its rounds: "
+                         f"{', '.join(map(str, rounds))})")
     instruction = instruction_of(config)
     if fmt == "sft":
         frame = sft_rows(store, run_id, round, instruction)

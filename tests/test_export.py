@@ -60,21 +60,22 @@ def test_curriculum_export_is_the_rounds_pool_with_scores_and_selection(golden, 
                                                    "WHERE run_id = 'scripted' AND round = 1")}
     assert {r["prompt_id"] for r in rows if r["selected"]} == set(chosen)
     assert f"{len(rows)} prompts ({len(chosen)} selected in round 1)" in stdout
-    text = {r["prompt_id"]: r for r in q(golden, "SELECT prompt_id, text, answer, root_id, transform FROM prompts")}
+    text = {r["prompt_id"]: r for r in q(golden, "SELECT prompt_id, text, answer, root_id, transform, source "
+                                                 "FROM prompts")}
     latest = {r["prompt_id"]: r for r in q(golden, "SELECT prompt_id, arg_max(eps, round) AS eps, "
                                                    "arg_max(bucket, round) AS bucket FROM prompt_scores "
                                                    "WHERE run_id = 'scripted' AND round <= 1 GROUP BY prompt_id")}
     for r in rows:
         p = r["prompt_id"]
         assert r["prompt"] == [{"role": "user", "content": f"{text[p]['text']}\n{INSTRUCTION}"}]
-        assert (r["answer"], r["root_id"], r["transform"]) == (text[p]["answer"], text[p]["root_id"],
-                                                               text[p]["transform"])
+        assert (r["answer"], r["root_id"], r["transform"], r["source"]) == (
+            text[p]["answer"], text[p]["root_id"], text[p]["transform"], text[p]["source"])
         assert (r["eps"], r["bucket"]) == ((latest[p]["eps"], latest[p]["bucket"]) if p in latest else (None, None))
         if r["selected"]:
             assert (r["cluster"], r["weight"]) == (chosen[p]["cluster"], chosen[p]["weight"])
         if fmt == "verl":
             assert r["reward_model"] == {"style": "rule", "ground_truth": r["answer"]}
-            assert r["data_source"] == text[p].get("source", r["source"]) and r["extra_info"]["prompt_id"] == p
+            assert r["data_source"] == text[p]["source"] and r["extra_info"]["prompt_id"] == p
     assert any(r["transform"] != "original" for r in rows)  # the evolved pool: variants are in it
 
 

@@ -10,10 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
-from conftest import q
+from conftest import q, run_cli
 
 from flows.sampler import Sampler
+from storage.runs import RunLocked
 
 REPO = Path(__file__).resolve().parent.parent
 SETS = ["model.policy=tiny-random", "select.embedder=hashing", "refine.strategies=[\"ladder\"]",
@@ -64,15 +66,24 @@ def test_a_killed_loop_resumes_on_the_same_batches(store, tmp_path):
     assert q(store, "SELECT count(DISTINCT round) AS n FROM prompt_scores WHERE run_id = 'ext'") == [{"n": 3}]
 
 
-def test_what_the_sampler_refuses(store):
-    with pytest.raises(ValueError, match="dapo_filter oversamples"):
-        Sampler(store.root, "x", sets=[*SETS, "select.selector=dapo_filter"])
+def test_what_the_sampler_refuses(store, tmp_path):
+    for extra, message in (("select.selector=dapo_filter", "dapo_filter oversamples"),
+                           ("select.selector=all", "draws the whole pool"),
+                           ("select.embedder=policy", "embedder policy")):
+        with pytest.raises(ValueError, match=message):
+            Sampler(store.root, "x", sets=[*SETS, extra])
     with Sampler(store.root, "x", sets=SETS) as s:
+        with pytest.raises(RunLocked, match="already running"):
+            Sampler(store.root, "x", sets=SETS)  # one loop per run id
         with pytest.raises(ValueError, match="no batch yet"):
             s.observe(["p"], [1.0])
         batch = s.next_batch(2)
         assert len(batch) == 2 and s.next_batch(2) == batch  # a drawn round is served again as drawn
+        with pytest.raises(ValueError, match="drawn with 2 prompts; next_batch\\(3\\)"):
+            s.next_batch(3)
         ids = [b["prompt_id"] for b in batch]
+        with pytest.raises(ValueError, match=f"batch prompt {ids[1]} has no completion"):
+            s.observe(ids[:1], [1.0])
         with pytest.raises(ValueError, match="not in round 0's batch"):
             s.observe(["nope"], [1.0])
         with pytest.raises(ValueError, match="2 prompt_ids but 1 rewards"):
@@ -86,5 +97,32 @@ def test_what_the_sampler_refuses(store):
         assert not store.landed("x", 0, "collect")  # nothing landed by the refused calls
         s.observe(ids, [1.0, 0.0])
         assert s.state_dict() == {"run_id": "x", "round": 1}
+        s.load_state_dict({"run_id": "x", "round": 0})  # a loop resumed from an older checkpoint replays round 0
+        assert s.next_batch(2) == batch
+        with pytest.raises(ValueError, match=f"observed before with 1 completions of prompt {ids[0]}, now 2"):
+            s.observe([ids[0], ids[0], ids[1]], [1.0, 0.0, 1.0])
+        s.observe(ids, [0.0, 0.0])  # lands nothing: the first observation stands
+        assert q(store, "SELECT sum(reward) AS r FROM rollouts WHERE run_id = 'x'") == [{"r": 1.0}]
+        nxt = s.next_batch(2)
+        # the drawn, not yet observed round exports as the next batch
+        code, _, err = run_cli("export", "x", str(tmp_path / "next.parquet"), "--store", store.root)
+        assert code == 0, err
+        exported = pq.read_table(tmp_path / "next.parquet").to_pylist()
+        assert sorted(r["prompt_id"] for r in exported if r["selected"]) == sorted(b["prompt_id"] for b in nxt)
     with pytest.raises(ValueError, match="was sampled with another config"):
         Sampler(store.root, "x", sets=[*SETS, "select.selector=uniform"])
+    # a sampler's run has no checkpoints: eval and rescore refuse it by name, and skip it as the newest run
+    from flows.evaluate import latest_run, run_config
+
+    with pytest.raises(ValueError, match="made by an external loop's sampler .*, not `refinery run`"):
+        run_config(store, "x", "evaluate")
+    with pytest.raises(ValueError, match="no runs of `refinery run`"):
+        latest_run(store)
+
+
+def test_a_refinery_run_id_is_not_a_samplers(store):
+    from storage.runs import mark
+
+    mark(store, "mine", "completed", {"rounds": 2})
+    with pytest.raises(ValueError, match="exists and was not made by a sampler"):
+        Sampler(store.root, "mine", sets=SETS)
