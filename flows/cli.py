@@ -133,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=4200, help="on 127.0.0.1 (default 4200)")
     sv.add_argument("--pool", default="refinery-process", help="the process work pool (prefect.yaml's is "
                     "refinery-process)")
+    sv.add_argument("--concurrency", type=int, default=None, help="runs the work pool runs at once when serve "
+                    "creates it (default: one per 2 cores and 6 GiB of memory, at least one; more queue)")
     sv.add_argument("--stop", action="store_true", help="stop the `refinery serve` running on this store")
     sv.set_defaults(func=cmd_serve)
 

@@ -231,4 +231,6 @@ def cmd_serve(a: argparse.Namespace) -> int:
         print(f"stopped refinery serve (pid {state['pid']}) at {state['url']}; port {state['port']} is closed")
         return 0
     prepare_prefect(a.store, a.verbose, console=True)  # the worker's flow-run logs are what serve shows
-    return serve.run(a.store, a.port, a.pool)
+    if a.concurrency is not None and a.concurrency < 1:
+        raise CliError(f"--concurrency {a.concurrency}: at least 1 run at a time")
+    return serve.run(a.store, a.port, a.pool, concurrency=a.concurrency)

@@ -138,7 +138,9 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
         ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,
                            base=config.model.policy, rounds=config.rounds, model=config.model, scale=config.scale)
         from models.checkpoints import local_copy
+        from models.threads import claim
 
+        claim()  # this process's share of the cores (models/threads.py)
         out = evaluate_versions(s, ctx, [(checkpoint, local_copy(s, r["path"]))], config.eval, config.rollout,
                                 config.reward,
                                 stage=stage, prompts=prompts, split=split)

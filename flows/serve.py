@@ -8,6 +8,9 @@ Choices, and why:
   and the flow runs the worker had started (in sessions of their own) after them: no flow run outlives `serve`.
 - PREFECT_HOME is <store>/.prefect (or $PREFECT_HOME), as for every refinery command; the worker gets
   REFINERY_STORE, so a deployment run with default parameters writes to the store that was served.
+- The work pool is created with a concurrency limit (`--concurrency`, default models/threads.py's
+  `default_concurrency`: a run per 2 cores and 6 GiB), so runs started from the UI beyond it queue instead of
+  oversubscribing the machine; an existing pool keeps its own limit.
 - <prefect home>/serve/serve.json records this process and its children, so `refinery serve --stop` from another
   shell asks this process (SIGINT) for the orderly stop, and stops the recorded groups itself only if it is gone.
 """
@@ -32,6 +35,7 @@ import psutil
 from flows import sessions
 from flows.prefect_home import prefect_home  # one rule for every command and serve
 from flows.sessions import Child
+from models.threads import default_concurrency
 
 REPO = Path(__file__).resolve().parents[1]  # the folder holding prefect.yaml
 HOST = "127.0.0.1"
@@ -150,14 +154,16 @@ def _client(api_url: str):
         yield client
 
 
-def _ensure_pool(api_url: str, pool: str) -> None:
+def _ensure_pool(api_url: str, pool: str, concurrency: int) -> None:
+    """Create the process work pool with `concurrency` as its limit (runs beyond it queue); a pool that exists
+    keeps the limit it has (a user may have set it in the UI)."""
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists
     from prefect.workers.process import ProcessWorker
 
     with _client(api_url) as client:
         try:
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process",
+            client.create_work_pool(WorkPoolCreate(name=pool, type="process", concurrency_limit=concurrency,
                                                    base_job_template=ProcessWorker.get_default_base_job_template()))
         except ObjectAlreadyExists:
             if (kind := client.read_work_pool(pool).type) != "process":
@@ -181,6 +187,7 @@ def _say(message: str) -> None:
 
 
 def start(store: str, port: int = 4200, pool: str = POOL, home: Path | None = None, timeout: float = 180.0,
+          concurrency: int | None = None,
           echo=_say) -> Served:
     """Start server, pool, worker and deployments; on any failure (or Ctrl-C) stop what was started, then raise."""
     local = "://" not in store or store.startswith("file://")
@@ -206,7 +213,7 @@ def start(store: str, port: int = 4200, pool: str = POOL, home: Path | None = No
         server, p = served.spawn("server", "server", "start", "--host", HOST, "--port", str(port), "--analytics-off")
         _wait_healthy(served, p, server.log, timeout)
         echo(f"server up in {time.monotonic() - t0:.0f} s; work pool {pool!r}, worker, `prefect deploy --all`")
-        _ensure_pool(served.api_url, pool)
+        _ensure_pool(served.api_url, pool, concurrency or default_concurrency())
         name = f"refinery-serve-{served.pid}"
         worker, w = served.spawn("worker", "worker", "start", "--pool", pool, "--name", name)
         deploy, d = served.spawn("deploy", "--no-prompt", "deploy", "--all")
@@ -226,7 +233,7 @@ def start(store: str, port: int = 4200, pool: str = POOL, home: Path | None = No
     return served
 
 
-def run(store: str, port: int = 4200, pool: str = POOL, echo=_say) -> int:
+def run(store: str, port: int = 4200, pool: str = POOL, echo=_say, concurrency: int | None = None) -> int:
     """`refinery serve`: start, then block until SIGINT/SIGTERM (or a child dies), then stop everything."""
     def interrupt(signum, frame):
         raise KeyboardInterrupt
@@ -234,7 +241,7 @@ def run(store: str, port: int = 4200, pool: str = POOL, echo=_say) -> int:
     handlers = {sig: signal.signal(sig, interrupt) for sig in sessions.STOP_SIGNALS}
     served = None
     try:
-        served = start(store, port, pool, echo=echo)
+        served = start(store, port, pool, echo=echo, concurrency=concurrency)
         with _client(served.api_url) as client:
             names = sorted(f"{client.read_flow(d.flow_id).name}/{d.name}" for d in client.read_deployments())
         echo(f"ready in {served.seconds:.0f} s. Prefect UI: {served.url}\n"

@@ -92,7 +92,10 @@ def connect(scale: ScaleConfig):
 class GenerationWorker:
     """One Ray actor's state: the policy it holds. Loaded through models.registry like the flow's own."""
 
-    def __init__(self):
+    def __init__(self, threads: int = 1):
+        import torch
+
+        torch.set_num_threads(max(1, threads))  # the CPUs Ray reserved for this actor (models/threads.py)
         self.spec: dict | None = None
         self.backend = None
         self.prompts = 0  # prompts generated for, over the actor's life
@@ -126,7 +129,8 @@ def actors(scale: ScaleConfig) -> list:
     if key not in _ACTORS:
         ray = connect(scale)
         remote = ray.remote(num_cpus=scale.cpus_per_worker, num_gpus=scale.gpus_per_worker)(GenerationWorker)
-        _ACTORS[key] = [remote.remote() for _ in range(scale.rollout_workers)]
+        threads = max(1, int(scale.cpus_per_worker))
+        _ACTORS[key] = [remote.remote(threads) for _ in range(scale.rollout_workers)]
     return _ACTORS[key]
 
 

@@ -18,6 +18,8 @@ Choices, and why:
   and the UI shows it; it holds only what names the round (where, which run, which round, which policy), not
   data. Its `model` is the run's model section with `policy` set to the round's policy spec, so a stage
   loads this round's policy with `models.registry.load_model(ctx.model)`.
+- Every stage starts by setting torch's threads to this process's share of the machine's cores
+  (models/threads.py), so two runs on one machine share its cores instead of oversubscribing them.
 - Tests and benchmarks call a stage without Prefect as `name_task.fn(ctx, *sections)`: the same skeleton
   (landed check, summary keys, timing), no task run.
 """
@@ -38,6 +40,7 @@ from models.config import ModelConfig
 from models.memory import release_memory
 from models.meter import Meter, metering
 from models.sharded import ScaleConfig
+from models.threads import claim as claim_threads
 from storage.rounds import this_round
 from storage.store import Store
 from tasks.embed import release_embedder
@@ -89,6 +92,7 @@ def stage(name: str, **task_options: Any) -> Callable[[Callable[..., dict]], Any
             store = Store(ctx.store)
             if store.landed(ctx.run_id, ctx.round, name):
                 return skipped(name, ctx.round)
+            claim_threads()  # this process's share of the cores, re-read per stage (models/threads.py)
             try:
                 with metering() as meter:  # what the stage generates lands with its commit (models/meter.py)
                     store.riders[(ctx.run_id, ctx.round, name)] = lambda: token_counts(meter, ctx, name)

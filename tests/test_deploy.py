@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from flows.config import load_config
+from models.threads import default_concurrency
 from storage.query import sql
 from storage.store import Store
 
@@ -92,6 +93,8 @@ def test_serve_deploys_runs_a_curriculum_and_stops_clean(tmp_path, serve_env, mo
         config = load_config(sets=TINY, run_id="deployed", rounds=1).model_dump(mode="json")
         assert config["store"] is None
         with temporary_settings({PREFECT_API_URL: state["api_url"]}), get_client(sync_client=True) as client:
+            # runs beyond the machine's share queue (models/threads.py)
+            assert client.read_work_pool("refinery-process").concurrency_limit == default_concurrency()
             run = run_deployment("curriculum/curriculum", parameters={"config": config}, timeout=0)
             t1 = time.monotonic()
             while not (run := client.read_flow_run(run.id)).state.is_final():
