@@ -40,7 +40,6 @@ Choices, and why:
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -134,10 +133,11 @@ class Sampler:
         for name, seq in (("rewards", rewards), ("completions", completions), ("n_tokens", n_tokens)):
             if seq is not None and len(seq) != len(ids):
                 raise ValueError(f"observe: {len(ids)} prompt_ids but {len(seq)} {name}")
-        unknown = [p for p in ids if p not in batch]
+        now = Counter(ids)  # completions per prompt: the groups
+        unknown = [p for p in now if p not in batch]
         if unknown:
             raise ValueError(f"observe: prompt {unknown[0]} is not in round {r}'s batch")
-        unseen = [p for p in batch if p not in set(ids)]
+        unseen = [p for p in batch if p not in now]
         if unseen:
             raise ValueError(f"observe: round {r}'s batch prompt {unseen[0]} has no completion (every prompt of the "
                              "batch needs its group)")
@@ -150,7 +150,6 @@ class Sampler:
         if self.store.landed(self.run_id, r, "collect"):  # a replayed round: the first observation stands
             landed = dict(this_round(self.store, "rollouts", self.run_id, r).group_by("prompt_id").len()
                           .collect().iter_rows())
-            now = Counter(ids)
             differ = sorted(p for p in landed.keys() | now.keys() if landed.get(p, 0) != now.get(p, 0))
             if differ:
                 raise ValueError(f"observe: round {r} was observed before with {landed.get(differ[0], 0)} "
@@ -224,19 +223,23 @@ class Sampler:
                 for p, t, a, s in chosen.select("prompt_id", "text", "answer", "source").iter_rows()]
 
     def _rollouts(self, r: int, ids: list[str], rewards: list[float], completions, n_tokens, batch) -> pa.Table:
-        seen: dict[str, int] = {}
-        rows = []
-        for i, (p, reward) in enumerate(zip(ids, rewards)):
-            k = seen[p] = seen.get(p, -1) + 1
-            rows.append({"run_id": self.run_id, "round": r, "policy_version": r, "prompt_id": p, "sample_idx": k,
-                         "prompt_text": batch[p]["prompt"][0]["content"],
-                         "completion": completions[i] if completions is not None else "",
-                         "reward": reward, "correct": reward >= self.correct_at,
-                         "n_tokens": int(n_tokens[i]) if n_tokens is not None else 0, "mean_logprob": None,
-                         "finish_reason": "stop", "augmentation": json.dumps({"sampler": {"index": i}}),
-                         "verify_timeout": None})
-        return pa.Table.from_pylist(rows, schema=TABLES["rollouts"])
-
+        """One `rollouts` row per reported completion; `sample_idx` numbers a prompt's completions in order."""
+        frame = pl.DataFrame({"prompt_id": ids, "reward": rewards,
+                              "completion": completions if completions is not None else [""] * len(ids),
+                              "n_tokens": n_tokens if n_tokens is not None else [0] * len(ids)},
+                             schema_overrides={"reward": pl.Float64, "n_tokens": pl.Int32})
+        frame = frame.with_columns(
+            pl.lit(self.run_id).alias("run_id"), pl.lit(r, pl.Int32).alias("round"),
+            pl.lit(r, pl.Int32).alias("policy_version"),
+            pl.int_range(pl.len(), dtype=pl.Int32).over("prompt_id").alias("sample_idx"),
+            pl.col("prompt_id").replace_strict({p: b["prompt"][0]["content"] for p, b in batch.items()})
+            .alias("prompt_text"),
+            (pl.col("reward") >= self.correct_at).alias("correct"),
+            pl.lit(None, pl.Float64).alias("mean_logprob"), pl.lit("stop").alias("finish_reason"),
+            pl.concat_str(pl.lit('{"sampler": {"index": '), pl.int_range(pl.len()).cast(pl.String), pl.lit("}}"))
+            .alias("augmentation"),
+            pl.lit(None, pl.Boolean).alias("verify_timeout"))
+        return frame.select(TABLES["rollouts"].names).to_arrow().cast(TABLES["rollouts"])
 
 def _essential(config: dict) -> dict:
     """What a resumed sampler must share with the run's first one: everything that decides the batches

@@ -30,9 +30,14 @@ class ModelSpecError(ValueError):
     """A model spec that names nothing loadable."""
 
 
+def cache_root() -> Path:
+    """This machine's Refinery cache: $REFINERY_CACHE, else $XDG_CACHE_HOME/refinery (~/.cache/refinery)."""
+    return Path(os.environ.get("REFINERY_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+                / "refinery")
+
+
 def cache_dir() -> Path:
-    base = os.environ.get("REFINERY_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "refinery"
-    path = Path(base) / "models"
+    path = cache_root() / "models"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -25,6 +25,8 @@ import logging
 import os
 from pathlib import Path
 
+from models.registry import cache_root
+
 log = logging.getLogger(__name__)
 ENV = "REFINERY_TORCH_THREADS"
 RUN_CORES, RUN_GIB = 2, 6  # what one run needs at least (default_concurrency)
@@ -39,8 +41,7 @@ def cores() -> int:
 
 
 def folder() -> Path:
-    base = os.environ.get("REFINERY_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "refinery"
-    path = Path(base) / "threads"
+    path = cache_root() / "threads"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -57,9 +57,9 @@ def test_a_killed_loop_resumes_on_the_same_batches(store, tmp_path):
         drawn.setdefault(r["round"], []).append(r["prompt_id"])
     assert [sorted(h) for h in history] == [drawn[r] for r in range(3)] and len(drawn) == 3
     # each round landed once: one group of 2 per batch prompt, whatever the rerun generated
-    counts = q(store, "SELECT round, count(*) AS n, count(DISTINCT prompt_id) AS p FROM rollouts WHERE run_id = 'ext' "
-                      "GROUP BY round ORDER BY round")
-    assert counts == [{"round": r, "n": 6, "p": 3} for r in range(3)]
+    counts = q(store, "SELECT round, count(*) AS n, count(DISTINCT prompt_id) AS p, count(DISTINCT sample_idx) AS k, "
+                      "count(DISTINCT augmentation) AS a FROM rollouts WHERE run_id = 'ext' GROUP BY round ORDER BY round")
+    assert counts == [{"round": r, "n": 6, "p": 3, "k": 2, "a": 6} for r in range(3)]
     assert [r["status"] for r in q(store, "SELECT status FROM runs WHERE run_id = 'ext' ORDER BY created_at")] == [
         "running", "failed", "resumed", "completed"]  # the dead loop's run is found failed by its successor
     # the rounds are a run like any other: scored, and refined where too hard
