@@ -83,8 +83,11 @@ def record_machine(store_uri: str, run_id: str) -> None:
         return  # completed earlier (maybe elsewhere): compare skips it, and it keeps its record
     line = json.dumps({"run_id": run_id, "host": platform.node(), "machine": machine(), "commit": commit(),
                        "started": f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}"})
-    with store.fs.open(store.path("_machines.jsonl"), "a" if store.local else "w") as f:
-        f.write(line + "\n")
+    path = store.path("_machines.jsonl")
+    store.fs.makedirs(store.root, exist_ok=True)
+    before = store.fs.cat_file(path).decode() if store.fs.exists(path) else ""  # object stores cannot append
+    with store.fs.open(path, "w") as f:
+        f.write(before + line + "\n")
 
 
 def machines(store, run_ids: list[str]) -> list[str]:

@@ -241,3 +241,23 @@ def test_a_store_copied_without_its_weights_reruns_as_complete(compared, tmp_pat
     assert [r["result"].get("skipped") for r in out] == ["already complete"] * 4
     assert sql(copy, "SELECT count(*) AS n FROM rollouts").to_pylist() == before
     assert repr(build(copy, "ev", planned, ["ext"]).arms) == repr(build(store, "ev", planned, ["ext"]).arms)  # NaN != NaN
+
+
+def test_the_page_lists_where_each_run_ran(tmp_path):
+    import importlib.util
+
+    from storage.runs import mark
+    from storage.store import Store
+
+    spec = importlib.util.spec_from_file_location("evidence", Path(__file__).parent.parent / "benchmarks" / "evidence.py")
+    evidence = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evidence)
+    for uri in (str(tmp_path / "store"), "memory://machines"):  # an object store cannot append: rewritten whole
+        store = Store(uri)
+        evidence.record_machine(uri, "a")
+        evidence.record_machine(uri, "b")
+        mark(store, "b", "completed", {"rounds": 1})
+        evidence.record_machine(uri, "b")  # finished: compare skips it, and its record stays as it was
+        lines = store.fs.cat_file(store.path("_machines.jsonl")).decode().splitlines()
+        assert [json.loads(x)["run_id"] for x in lines] == ["a", "b"]
+        assert evidence.machines(store, ["a", "b", "c"]) == [f"- {evidence.machine()}: `a`, `b`", "- not recorded: `c`"]
