@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint clean
+.PHONY: venv demo test test-slow test-all lint clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -18,10 +18,17 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/refinery run
 
+# `make test` is the everyday suite (under 8 minutes on 2 cores); `make test-slow` runs the long kill-and-resume,
+# cluster, server and browser tests it skips. CI (.ci/run) runs both.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -n 2 --dist loadscope -m 'not browser'
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope -m 'not slow and not browser'
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope -m 'slow and not browser'
 	$(BIN)/python -m pytest -q -m browser  # alone: a browser and a Prefect server under load time out
+
+test-all: test test-slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -24,6 +24,7 @@ def test_the_plan_pairs_seeds_across_arms_and_names_each_run():
             plan(arms, seeds, "p", [], {})
 
 
+@pytest.mark.slow
 def test_two_arms_two_seeds_share_the_pool_and_heldout_and_resume(prefect_api, store):
     args = ["compare", "--arms", "uniform,refinery", "--seeds", "2", "--prefix", "c", "--rounds", "1",
             "--store", store.root, *[x for s in [*SETS, "eval.n_samples=4"] for x in ("--set", s)]]

@@ -189,7 +189,9 @@ def uninterrupted(prefect_api, tmp_path_factory):
     return store
 
 
-@pytest.mark.parametrize("point", ["collect:mid", "refine:mid", "shape:mid", "train:mid"])
+# collect:mid runs in `make test`; the other three points only in `make test-slow` (CI runs both)
+@pytest.mark.parametrize("point", ["collect:mid", *(pytest.param(p, marks=pytest.mark.slow)
+                                                    for p in ("refine:mid", "shape:mid", "train:mid"))])
 def test_sigkill_mid_stage_then_resume(prefect_api, uninterrupted, tmp_path, point):
     """SIGKILL the flow process mid-rollout, mid-refine (teacher answers landed, refine not), mid-shape or mid-train;
     rerunning the run id finishes with exactly the rows of an uninterrupted run of the same config."""

@@ -62,6 +62,7 @@ def serve_env(tmp_path):
     return {**env, "PREFECT_WORKER_QUERY_SECONDS": "1", "PREFECT_WORKER_PREFETCH_SECONDS": "1"}
 
 
+@pytest.mark.slow
 def test_serve_deploys_runs_a_curriculum_and_stops_clean(tmp_path, serve_env, monkeypatch):
     store, port = tmp_path / "store", _free_port()
     out = tmp_path / "serve.out"

@@ -61,6 +61,7 @@ def compared(prefect_api, tmp_path_factory):
     return store, planned, tmp
 
 
+@pytest.mark.slow
 def test_each_checkpoint_costs_what_the_rounds_before_it_generated(compared):
     store, planned, _ = compared
     points = frame(store, "CHECKPOINTS", "ev")
@@ -80,6 +81,7 @@ def test_each_checkpoint_costs_what_the_rounds_before_it_generated(compared):
         query("CHECKPOINTS", "ev' OR 1=1 --")
 
 
+@pytest.mark.slow
 def test_pass1_at_the_matched_budget_is_the_per_prompt_interpolation(compared):
     store, planned, _ = compared
     curves = run_curves(store, "ev", [r.run_id for r in planned])
@@ -105,6 +107,7 @@ def test_pass1_at_the_matched_budget_is_the_per_prompt_interpolation(compared):
     assert dapo.diff["tokens"].seeds == 1  # paired with uniform's seed 0 only
 
 
+@pytest.mark.slow
 def test_budget_accounting_matches_the_rollouts(compared):
     store, planned, _ = compared
     ev = build(store, "ev", planned, ["ext"])
@@ -127,6 +130,7 @@ def test_budget_accounting_matches_the_rollouts(compared):
     assert "lope" not in next(f for f in ev.arms if f.arm == "uniform").purposes
 
 
+@pytest.mark.slow
 def test_the_external_set_scores_each_last_checkpoint_and_the_base_model_once(compared):
     store, planned, _ = compared
     got = sql(store, "SELECT run_id, policy_version, count(*) AS n FROM eval_results WHERE split = 'dataset:ext' "
@@ -142,6 +146,7 @@ def test_the_external_set_scores_each_last_checkpoint_and_the_base_model_once(co
     assert (all_.seeds, all_.prompts, near.prompts) == (2, 3, 2) and diff.seeds == 2
 
 
+@pytest.mark.slow
 def test_the_page_prints_its_queries_and_they_reproduce_its_numbers(compared, tmp_path):
     store, planned, _ = compared
     ev = build(store, "ev", planned, ["ext"])
@@ -164,6 +169,7 @@ def test_the_page_prints_its_queries_and_they_reproduce_its_numbers(compared, tm
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_evidence_script_writes_the_page_of_the_finished_runs(compared, tmp_path, capsys):
     import importlib.util
 
@@ -205,6 +211,7 @@ def test_a_missing_external_file_is_refused_before_any_run(prefect_api, store, t
     assert not (Path(store.root) / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_checkpoint_evaluated_again_counts_once(compared):
     store, planned, _ = compared
     before = build(store, "ev", planned, ["ext"])
@@ -217,6 +224,7 @@ def test_a_checkpoint_evaluated_again_counts_once(compared):
     assert [f.at for f in after.arms] == [f.at for f in before.arms]
 
 
+@pytest.mark.slow
 def test_a_store_copied_without_its_weights_reruns_as_complete(compared, tmp_path):
     """The comparison's store travels without `_checkpoints/` (benchmarks/evidence/store); rerunning the
     comparison on that copy skips the complete runs instead of failing on their missing weights, and the

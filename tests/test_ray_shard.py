@@ -46,6 +46,7 @@ def _run(root: Path, sets: list[str]) -> Store:
     return Store(root)
 
 
+@pytest.mark.slow
 def test_sharded_stages_write_the_single_process_rows(prefect_api, tmp_path):
     import torch
 

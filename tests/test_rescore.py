@@ -25,6 +25,7 @@ SETS = [s for s in TINY if not s.startswith(("rollout.include_reserve", "rollout
     '{"source": "rg:chain_sum", "size": 8, "params": {"max_terms": 2, "max_digits": 1}}]']
 
 
+@pytest.mark.slow
 def test_rescore_reserve_then_the_next_round_follows_it(prefect_api, store):
     from flows.curriculum import curriculum
     from flows.rescore import rescore

@@ -81,6 +81,7 @@ curriculum(load_config(sets=SETS, run_id="s3run", store=sys.argv[1], rounds=1))
 """
 
 
+@pytest.mark.slow
 def test_a_run_killed_mid_collect_resumes_on_s3_with_the_rows_of_an_uninterrupted_one(prefect_api, s3, tmp_path):
     from prefect.settings import PREFECT_API_URL
 
@@ -238,6 +239,7 @@ def test_a_process_that_lost_its_lease_commits_nothing_more(s3, monkeypatch):
     assert not Store(root).landed("r", 0, "x")
 
 
+@pytest.mark.slow
 def test_rounds_without_an_update_chain_their_recorded_checkpoint_on_s3(prefect_api, s3):
     """The tiny random model never answers correctly and nothing is shaped, so no round trains: each new
     version is recorded where its parent is, and the next rounds find it."""

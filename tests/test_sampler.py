@@ -32,6 +32,7 @@ def loop(store, ckpt, env=None):
                             stderr=subprocess.STDOUT, text=True)
 
 
+@pytest.mark.slow
 def test_a_killed_loop_resumes_on_the_same_batches(store, tmp_path):
     import torch
 

@@ -141,6 +141,7 @@ def test_refine_stage_falls_back_per_prompt_when_the_teacher_is_down(store):
     assert out["teacher_calls"] == 0 and out["teacher_unavailable"] == 2 and out["rejections"] == {}
 
 
+@pytest.mark.slow
 def test_down_teacher_run_completes_then_resumes_with_a_working_teacher(prefect_api, store, monkeypatch):
     """Done-when of issue 11 item 3. 'Resumed with a working teacher' means, precisely: the 2-round run whose
     teacher endpoint is down completes (fallbacks recorded); it is then resumed with refine.teacher pointing
