@@ -10,9 +10,11 @@ weights are too large to carry to the machine), bf16 autocast:
 - rollout tokens/s of `TransformersBackend.generate` against `model.generate` over fixed batches;
 - one GRPO optimizer step against a bare forward/backward/AdamW loop on the same batch;
 - batched MCMC against one trace at a time.
+With `--vllm` (the `gpu` extra installed): benchmarks/vllm_check.py's correctness, whole-flow and speed checks
+of the vllm backend, each in its own process, under "vllm" in the summary.
 Writes a JSON summary to --out.
 
-    python benchmarks/gpu_check.py --tiny DIR --config-dir DIR [--out gpu.json]
+    python benchmarks/gpu_check.py --tiny DIR --config-dir DIR [--vllm] [--out gpu.json]
 """
 
 from __future__ import annotations
@@ -243,6 +245,7 @@ def main() -> None:
     ap.add_argument("--out", default="gpu.json")
     ap.add_argument("--device", default="cuda", help="cpu runs the same checks slowly (to test this script)")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--vllm", action="store_true", help="also run benchmarks/vllm_check.py's parts")
     a = ap.parse_args()
     global DEV
     DEV = a.device
@@ -254,14 +257,36 @@ def main() -> None:
     summary["correctness"] = check_correctness(a.tiny)
     summary["correctness_seconds"] = time.time() - t0
     print(json.dumps(summary, indent=1), flush=True)
-    if a.skip_speed:
-        return
-    t0 = time.time()
-    summary["speed"] = check_speed(a.config_dir, a.tiny)
-    summary["speed_seconds"] = time.time() - t0
-    print(json.dumps(summary, indent=1), flush=True)
+    if not a.skip_speed:
+        t0 = time.time()
+        summary["speed"] = check_speed(a.config_dir, a.tiny)
+        summary["speed_seconds"] = time.time() - t0
+        print(json.dumps(summary, indent=1), flush=True)
+    if a.vllm:
+        summary["vllm"] = vllm_parts(a.tiny, a.config_dir, skip_speed=a.skip_speed)
+        print(json.dumps(summary, indent=1), flush=True)
     with open(a.out, "w") as f:
         json.dump(summary, f, indent=1)
+
+
+def vllm_parts(tiny: str, config_dir: str, skip_speed: bool) -> dict:
+    """benchmarks/vllm_check.py's parts, one process each (a process holds one engine); a part that fails
+    is reported with its last lines instead of its figures."""
+    import subprocess
+    import tempfile
+
+    out = {}
+    for part in ("correctness", "mcmc", "flow") + (() if skip_speed else ("speed",)):
+        dest = os.path.join(tempfile.mkdtemp(), f"{part}.json")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_check.py")
+        proc = subprocess.run([sys.executable, script, "--part", part, "--tiny", tiny, "--config-dir", config_dir,
+                               "--out", dest], capture_output=True, text=True)
+        if proc.returncode == 0:
+            with open(dest) as f:
+                out[part] = json.load(f)
+        else:
+            out[part] = {"failed": proc.returncode, "tail": (proc.stdout + proc.stderr)[-3000:]}
+    return out
 
 
 if __name__ == "__main__":

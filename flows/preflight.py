@@ -42,8 +42,6 @@ BUNDLED = ("default", "tiny-random")
 # Stages a backend cannot run, and why (the stage's own refusal: tasks/shape.py, tasks/embed.py).
 BACKEND_LIMITS = {
     "vllm": {
-        "shape.enabled": "the shape stage needs token-level generate_ids/score_ids, which the vllm backend "
-                         "lacks; set shape.enabled = false or model.backend = 'transformers'",
         "select.embedder": "the 'policy' embedder reads the policy's hidden states, which the vllm backend "
                            "does not expose; use select.embedder = 'minilm' or 'hashing'",
     },

@@ -23,6 +23,7 @@ import ctypes.util
 import functools
 import gc
 import os
+import sys
 
 ONEDNN_CACHE_CAPACITY = "16"
 
@@ -38,11 +39,15 @@ def _trim():
 
 
 def release_memory() -> None:
-    """Collect garbage and return free heap memory to the OS where the C library can (glibc)."""
+    """Collect garbage and return free heap memory to the OS where the C library can (glibc); on a GPU, hand
+    torch's cached blocks back too, so a vLLM engine waking on the same GPU finds the memory it had."""
     gc.collect()
     trim = _trim()
     if trim is not None:
         trim(0)
+    torch = sys.modules.get("torch")  # not imported here: a process without torch has nothing to free
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def bound_onednn_cache() -> None:

@@ -165,7 +165,7 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
             from models.hf import TransformersBackend
 
             _LOADED[key] = TransformersBackend(path, device=device, dtype=dtype, batch_size=batch_size)
-        elif backend == "vllm":
+        elif backend == "vllm":  # a handle on the process's one engine, which loads this checkpoint when used
             from models.vllm_backend import VLLMBackend
 
             _LOADED[key] = VLLMBackend(path, dtype=dtype)
@@ -180,10 +180,16 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
 
 def release_backends() -> None:
     """Drop every cached backend (the train stage frees their memory before it builds optimizer state; the
-    next round loads the new checkpoint anyway)."""
+    next round loads the new checkpoint anyway). A vLLM engine is not dropped but put to sleep, which frees
+    its GPU memory for training; the next round wakes it with the new checkpoint (models/vllm_backend.py)."""
+    import sys
+
     from models.memory import release_memory
 
     _LOADED.clear()
+    vllm_backend = sys.modules.get("models.vllm_backend")  # never imported here: it exists only if vLLM ran
+    if vllm_backend is not None:
+        vllm_backend.sleep_engine()
     release_memory()
 
 

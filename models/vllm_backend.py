@@ -1,18 +1,48 @@
-"""vLLM backend (the `gpu` extra): the same protocol as the transformers backend, on CUDA.
+"""vLLM backend (the `gpu` extra): the backend protocol, token ids included, on one engine in its own process.
 
-Log-probs of the sampled tokens are vLLM's processed log-probs (`logprobs_mode="processed_logprobs"`): after
-the temperature, so log_softmax(logits / T) as the transformers backend and the trainer compute them, and at
-T = 0 the unmodified model's (vLLM skips the temperature for greedy rows), matching models/backend.py. One
-difference: vLLM applies top-p before it takes them, so with top_p < 1 they are renormalised over the
-nucleus, above the transformers backend's by log(nucleus mass). The trainer recomputes its own log-probs,
-so only the stored `mean_logprob` is affected; the default top_p is 1, where they agree. `score` asks for
-prompt log-probs at temperature 1 (the unmodified model). vLLM does not reliably free GPU memory inside a long-lived process, so at scale the
-collect stage should run in its own process.
+- **Its own process.** vLLM's V1 `LLM` runs its engine core (the GPU weights, the KV cache, the scheduler) in
+  a child process when VLLM_ENABLE_V1_MULTIPROCESSING is 1; it is forced to 1 here, so the process that
+  trains holds only the client and a tokenizer.
+- **One engine per process, for the whole run** (`engine`). Building an engine (CUDA graphs, memory
+  profiling) costs far more than a round of a small model, so a run keeps it and moves it between weights:
+  `use(path)` reloads a checkpoint in place through vLLM's own `reload_weights(weights_path=...)` (a
+  `collective_rpc` to the engine's workers) and resets the prefix cache, so no KV block computed under the old
+  weights is reused. `sleep()` (level 2: weights and KV cache dropped, nothing copied to the host) frees the
+  GPU while the train stage runs on it; the next `use` wakes the weights, reloads them from the new
+  checkpoint, then wakes the KV cache (vLLM's sleep mode, `enable_sleep_mode=True`).
+- **Handles, not engines.** `VLLMBackend(path)` is a view of the engine at one checkpoint: every call first
+  makes the engine hold that checkpoint's weights, so two handles (evaluate's version 0 and version 1) stay
+  correct whatever order they are called in.
+- **Token ids everywhere.** `generate` encodes the rendered prompt itself, without special tokens (as the
+  other backends and the trainer do), and sends `TokensPrompt`s: vLLM's own tokenisation of a text prompt adds
+  the tokenizer's start token, which shifted the old `score` by one token for tokenizers that have one.
+- **Sampling.** One `SamplingParams(n=G, logprobs=0, seed=...)` per prompt, each prompt with its own row seed
+  (vLLM seeds a request's sampler per request, so a prompt's samples do not depend on its batch: keyed
+  sampling; vLLM gives a request's j-th sample seed + j, so seeds are spaced n apart).
+  `logprobs_mode="processed_logprobs"`: the sampled tokens' log-probs after the temperature,
+  log_softmax(logits / T), as the transformers backend and the trainer compute them, and the unmodified
+  model's at T = 0 (vLLM skips the temperature for greedy rows), matching models/backend.py. With top_p < 1
+  vLLM renormalises over the nucleus before it reports them, so they sit above the transformers backend's by
+  log(nucleus mass); the default top_p is 1, where they agree, and the trainer recomputes its own.
+- **Scoring.** `score_ids` sends prompt + completion ids with `prompt_logprobs=0` and reads each completion
+  position's log-prob by its own token id. vLLM computes prompt log-probs from the raw logits (T = 1) in every
+  logprobs mode, so a temperature other than 1 is refused by name (MCMC's target and the rewrite gate's
+  fluency score are at T = 1; the trainer's ratios come from the trainer).
+- **Not here:** the `policy` embedder (a generate engine exposes no hidden states): flows/preflight.py refuses
+  it for this backend before a run starts.
+Checked on a GPU by benchmarks/gpu_check.py (`--vllm`); nothing here runs without CUDA.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from pathlib import Path
+
 from models.backend import Completion, Sampling
+
+_ENGINE: Engine | None = None
+ENGINES_BUILT = 0  # in this process (benchmarks/vllm_check.py checks a run builds one)
 
 
 def _import_vllm():
@@ -26,44 +56,151 @@ def _import_vllm():
     return vllm
 
 
-class VLLMBackend:
-    def __init__(self, model_path: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85):
+class Engine:
+    """The process's vLLM engine and which checkpoint's weights it holds (see the module docstring)."""
+
+    def __init__(self, model_path: str, dtype: str = "auto", gpu_memory_utilization: float = 0.85, seed: int = 0):
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # the engine core in its own process
+        global ENGINES_BUILT
         vllm = _import_vllm()
-        self.name = f"vllm:{model_path}"
-        self._vllm = vllm
+        self.vllm, self.dtype = vllm, dtype
         self.llm = vllm.LLM(model=model_path, dtype="bfloat16" if dtype in ("auto", "bf16") else "float32",
-                            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs")
-        self.tokenizer = self.llm.get_tokenizer()
+                            gpu_memory_utilization=gpu_memory_utilization, logprobs_mode="processed_logprobs",
+                            enable_sleep_mode=True, seed=seed)
+        self.path, self.asleep, self.reloads = model_path, False, 0
+        ENGINES_BUILT += 1
+
+    def use(self, path: str) -> None:
+        """Hold `path`'s weights, awake: reload them in place if another checkpoint is loaded or the engine
+        slept (level 2 dropped them), and reset the prefix cache after a reload."""
+        if path == self.path and not self.asleep:
+            return
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])  # the KV cache stays released while the weights load
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+        self.path = path
+        if not self.llm.reset_prefix_cache():  # False while blocks are held: they would serve old-weight KV
+            raise RuntimeError(f"vLLM could not reset its prefix cache after loading {path}: a request still holds "
+                               "cached blocks")
+        self.reloads += 1
+
+    def sleep(self) -> None:
+        """Free the GPU for training: vLLM sleep level 2 (weights and KV cache dropped, not copied out)."""
+        if not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
+
+
+def engine(model_path: str, dtype: str = "auto") -> Engine:
+    """The process's engine, built on first use; later checkpoints are loaded into it (`Engine.use`)."""
+    global _ENGINE
+    if _ENGINE is None:
+        _ENGINE = Engine(model_path, dtype=dtype)
+    elif _ENGINE.dtype != dtype:
+        raise ValueError(f"the vllm engine runs {_ENGINE.dtype!r} weights; a second dtype {dtype!r} in one process "
+                         "would need a second engine on the same GPU")
+    return _ENGINE
+
+
+def sleep_engine() -> None:
+    """Put the process's engine (if any) to sleep while something else (training) uses the GPU."""
+    if _ENGINE is not None:
+        _ENGINE.sleep()
+
+
+class VLLMBackend:
+    """The engine at one checkpoint (`model_path`); a TokenBackend (models/backend.py)."""
+
+    def __init__(self, model_path: str, dtype: str = "auto"):
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        _import_vllm()  # a machine without vLLM is told so when the backend is asked for, not at its first use
+        self.name = f"vllm:{model_path}"
+        self.path, self.dtype = model_path, dtype
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if (Path(model_path) / "generation_config.json").is_file():  # as vLLM and transformers read them
+            gen = GenerationConfig.from_pretrained(model_path)
+        else:
+            gen = GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
+        ids = gen.eos_token_id
+        eos = [ids] if isinstance(ids, int) else list(ids or [])
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
+            eos.append(self.tokenizer.eos_token_id)
+        self.eos_ids = eos
+
+    @property
+    def engine(self) -> Engine:
+        """The process's engine, built on the first generate or score call, not when the handle is made: a flow
+        whose generation is sharded over Ray actors (models/sharded.py) builds none of its own for them."""
+        return engine(self.path, self.dtype)
 
     def render(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def generate(self, prompts: list[str], n: int, sampling: Sampling, progress=None,
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def generate(self, prompts: list[str], n: int, sampling: Sampling, progress: Callable[[int], None] | None = None,
                  row_seeds: list[int] | None = None) -> list[list[Completion]]:
-        """With `row_seeds`, each prompt's request carries its own seed (vLLM seeds a request's sampler per
-        request, so its samples do not depend on the batch), as keyed sampling does on the other backends."""
-        seeds = row_seeds if row_seeds is not None else [sampling.seed] * len(prompts)
-        params = [self._vllm.SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                            max_tokens=sampling.max_new_tokens, seed=sd, logprobs=0) for sd in seeds]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        return self.generate_ids(self.encode(prompts), n, sampling, progress, row_seeds)
+
+    def generate_ids(self, ids: list[list[int]], n: int, sampling: Sampling,
+                     progress: Callable[[int], None] | None = None,
+                     row_seeds: list[int] | None = None) -> list[list[Completion]]:
+        """n samples per prompt; with `row_seeds`, each prompt's request carries its own seed."""
+        if not ids:
+            return []
+        self.engine.use(self.path)
+        vllm = self.engine.vllm
+        # vLLM seeds a request's j-th sample with seed + j: spacing the seeds n apart keeps every sample's stream
+        # its own (adjacent row seeds would otherwise share streams across prompts)
+        keys = row_seeds if row_seeds is not None else [sampling.seed * 1_000_003 + i for i in range(len(ids))]
+        seeds = [k * n for k in keys]
+        params = [vllm.SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                      max_tokens=sampling.max_new_tokens, seed=s, logprobs=0) for s in seeds]
+        prompts = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in ids]
         result = []
-        for o in outs:
+        for o in self.engine.llm.generate(prompts, params, use_tqdm=False):
             group = []
-            for c in o.outputs:
-                lps = [next(iter(d.values())).logprob if d else 0.0 for d in (c.logprobs or [])]
-                group.append(Completion(c.text, list(c.token_ids), lps, "length" if c.finish_reason == "length" else "stop"))
+            for c in sorted(o.outputs, key=lambda c: c.index):
+                toks = list(c.token_ids)
+                lps = [c.logprobs[i][t].logprob for i, t in enumerate(toks)] if c.logprobs is not None else []
+                if toks and toks[-1] in self.eos_ids:  # the end token is not part of a completion (models/hf.py)
+                    toks, lps = toks[:-1], lps[:-1]
+                text = self.tokenizer.decode(toks, skip_special_tokens=True)
+                group.append(Completion(text, toks, lps, "length" if c.finish_reason == "length" else "stop"))
             result.append(group)
             if progress:
                 progress(n)
         return result
 
     def score(self, prompts: list[str], completions: list[str]) -> list[list[float]]:
-        params = self._vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        full = [p + c for p, c in zip(prompts, completions)]
-        outs = self.llm.generate(full, params, use_tqdm=False)
-        res = []
-        for p, o in zip(prompts, outs):
-            n_prompt = len(self.tokenizer(p, add_special_tokens=False)["input_ids"])
-            lps = [next(iter(d.values())).logprob for d in o.prompt_logprobs[n_prompt:] if d]
-            res.append(lps)
-        return res
+        return self.score_ids(self.encode(prompts), self.encode(completions))
+
+    def score_ids(self, prompt_ids: list[list[int]], completion_ids: list[list[int]],
+                  temperature: float = 1.0) -> list[list[float]]:
+        """Each completion token's log-prob given its prompt and the tokens before it, at T = 1, from vLLM's
+        prompt log-probs over the exact ids (nothing is tokenised again)."""
+        if temperature != 1.0:
+            raise ValueError(f"the vllm backend scores at temperature 1 only (vLLM's prompt log-probs are the raw "
+                             f"model's), not {temperature}")
+        if len(prompt_ids) != len(completion_ids):
+            raise ValueError(f"score_ids: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        self.engine.use(self.path)
+        vllm = self.engine.vllm
+        out: list[list[float]] = [[] for _ in prompt_ids]
+        todo = [k for k, c in enumerate(completion_ids) if c]
+        if not todo:
+            return out
+        if any(not prompt_ids[k] for k in todo):
+            raise ValueError("the vllm backend cannot score a completion after an empty prompt: its first token "
+                             "has no position to be predicted from")
+        params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+        full = [vllm.TokensPrompt(prompt_token_ids=list(prompt_ids[k]) + list(completion_ids[k])) for k in todo]
+        for k, o in zip(todo, self.engine.llm.generate(full, params, use_tqdm=False)):
+            start, toks = len(prompt_ids[k]), list(completion_ids[k])
+            out[k] = [o.prompt_logprobs[start + i][t].logprob for i, t in enumerate(toks)]
+        return out

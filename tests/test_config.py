@@ -141,7 +141,6 @@ def test_every_field_has_a_description():
     (["refine.teacher=openai:localhost#m"], "refine.teacher: 'openai:localhost#m': the base URL 'localhost' is not"),
     (["refine.teacher=gpt4"], "refine.teacher: unknown model 'gpt4'"),
     (["model.backend=vllm"], "model.backend: 'vllm' needs vLLM"),
-    (["model.backend=vllm", "shape.enabled=true"], "shape.enabled: the shape stage needs token-level"),
     (["model.backend=vllm", "select.embedder=policy"], "select.embedder: the 'policy' embedder reads"),
 ])
 def test_preflight_names_what_cannot_run(tmp_path, monkeypatch, sets, problem):
@@ -156,6 +155,16 @@ def test_preflight_names_what_cannot_run(tmp_path, monkeypatch, sets, problem):
     message = str(err.value)
     assert message.startswith("invalid config: ") and "\n" not in message
     assert problem in message
+
+
+def test_vllm_is_refused_only_for_what_it_cannot_run(monkeypatch):
+    """vLLM generates and scores token ids (models/vllm_backend.py), so shaping is not refused on it; the policy
+    embedder, which needs hidden states, still is."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ValueError) as err:
+        validate_for_run(load_config(sets=["model.backend=vllm", "shape.enabled=true", "select.embedder=policy"]))
+    assert "model.backend: 'vllm'" in str(err.value) and "select.embedder:" in str(err.value)
+    assert "shape.enabled" not in str(err.value)
 
 
 def test_preflight_reports_every_problem_at_once_and_accepts_a_good_config(tmp_path, monkeypatch):
