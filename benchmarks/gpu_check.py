@@ -73,28 +73,15 @@ def check_correctness(tiny: str) -> dict:
 
     from transformers import AutoModelForCausalLM
 
-    cfg = TrainConfig(lr=1e-3, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
-                      rows_per_step=64, micro_batch=32, max_grad_norm=1.0,
-                      micro_tokens=10_000_000)
     for sign in (True, False):
         b = TransformersBackend(tiny, device=DEV, dtype="fp32", batch_size=128)
         ref = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).to(DEV).eval()
+
+        def update(seqs, it, b=b, ref=ref):
+            train_round(b.model, ref, seqs, [], FIXED_TOKEN_TRAIN, b.pad_id, DEV, "fp32", seed=it, temperature=0.3)
+
         ps = b.encode([b.render([{"role": "user", "content": f"Question {i}: name a token."}]) for i in range(16)])
-        first = b.generate_ids(ps, 8, Sampling(0.3, 1.0, 1, 99))
-        target = collections.Counter(c.token_ids[0] for g in first for c in g if c.token_ids).most_common(1)[0][0]
-        shares = []
-        for it in range(3):
-            gen = b.generate_ids(ps, 8, Sampling(0.3, 1.0, 1, 100 + it))
-            hits = [[bool(c.token_ids) and c.token_ids[0] == target for c in g] for g in gen]
-            shares.append(sum(map(sum, hits)) / 128)
-            if it == 2:
-                break
-            seqs = []
-            for p, g, h in zip(ps, gen, hits):
-                adv = group_advantages([float(x == sign) for x in h])
-                if adv is not None:
-                    seqs += [Sequence(p, c.token_ids, a) for c, a in zip(g, adv) if c.token_ids]
-            train_round(b.model, ref, seqs, [], cfg, b.pad_id, DEV, "fp32", seed=it, temperature=0.3)
+        shares = fixed_token_shares(b.generate_ids, update, ps, rewarded=sign)
         out["grpo_fixed_token_share_" + ("rewarded" if sign else "penalised")] = shares
 
     b = TransformersBackend(tiny, device=DEV, dtype="fp32", batch_size=64)
@@ -107,6 +94,31 @@ def check_correctness(tiny: str) -> dict:
     out["mcmc_accepted"] = sum(map(sum, decisions[0]))
     return out
 
+
+FIXED_TOKEN_TRAIN = TrainConfig(lr=1e-3, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
+                                rows_per_step=64, micro_batch=32, max_grad_norm=1.0, micro_tokens=10_000_000)
+
+
+def fixed_token_shares(generate_ids, update, prompt_ids: list[list[int]], rewarded: bool = True) -> list[float]:
+    """GRPO's learning check (for each backend): the share of first tokens equal to the most common one, over
+    three draws of 8 samples per prompt, with `update(sequences, it)` after each of the first two. The reward is
+    1 for that token (0 when `rewarded` is false, so the share should fall instead)."""
+    first = generate_ids(prompt_ids, 8, Sampling(0.3, 1.0, 1, 99))
+    target = collections.Counter(c.token_ids[0] for g in first for c in g if c.token_ids).most_common(1)[0][0]
+    shares = []
+    for it in range(3):
+        gen = generate_ids(prompt_ids, 8, Sampling(0.3, 1.0, 1, 100 + it))
+        hits = [[bool(c.token_ids) and c.token_ids[0] == target for c in g] for g in gen]
+        shares.append(sum(map(sum, hits)) / sum(map(len, hits)))
+        if it == 2:
+            return shares
+        seqs = []
+        for p, g, h in zip(prompt_ids, gen, hits):
+            adv = group_advantages([float(x == rewarded) for x in h])
+            if adv is not None:
+                seqs += [Sequence(p, c.token_ids, a) for c, a in zip(g, adv) if c.token_ids]
+        update(seqs, it)
+    return shares
 
 def make_traces(b, n: int, length: int) -> list[Trace]:
     x = b.encode(prompts_for(b, n))

@@ -32,7 +32,6 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import argparse  # noqa: E402
-import collections  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -54,12 +53,22 @@ def diffs(xs: list[list[float]], ys: list[list[float]]) -> dict:
     return {"max": max(d), "median": statistics.median(d), "n": len(d)}
 
 
+def load_gpu_check():
+    """benchmarks/gpu_check.py as a module (benchmarks/ is not a package, and is kept off sys.path: its
+    select.py would shadow the standard library's)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(os.path.dirname(__file__), "gpu_check.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 def correctness(tiny: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     from models.hf import TransformersBackend
     from models.vllm_backend import VLLMBackend
-    from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round
+    from tasks.core.grpo import train_round
 
     out = {}
     v = VLLMBackend(tiny, dtype="fp32")
@@ -76,31 +85,23 @@ def correctness(tiny: str) -> dict:
     out["keyed_sampling_batch_invariant_share"] = sum(
         [c.token_ids for c in x] == [c.token_ids for c in y] for x, y in zip(warm, alone)) / 8
 
-    cfg = TrainConfig(lr=1e-3, weight_decay=0.0, eps_low=0.2, eps_high=0.28, kl_coef=0.01, sft_weight=0.0,
-                      rows_per_step=64, micro_batch=32, max_grad_norm=1.0, micro_tokens=10_000_000)
+    gpu_check = load_gpu_check()
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).to(DEV)
     ref = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).to(DEV).eval()
-    ps = v.encode(questions(v, 16, "name a token."))
-    first = v.generate_ids(ps, 8, Sampling(0.3, 1.0, 1, 99))
-    target = collections.Counter(c.token_ids[0] for g in first for c in g if c.token_ids).most_common(1)[0][0]
-    shares, policy, tmp = [], v, tempfile.mkdtemp(prefix="vllm-check-")
-    for it in range(3):
-        gen = policy.generate_ids(ps, 8, Sampling(0.3, 1.0, 1, 100 + it))
-        hits = [[bool(c.token_ids) and c.token_ids[0] == target for c in g] for g in gen]
-        shares.append(sum(map(sum, hits)) / 128)
-        if it == 2:
-            break
-        seqs = []
-        for p, g, h in zip(ps, gen, hits):
-            adv = group_advantages([float(x) for x in h])
-            if adv is not None:
-                seqs += [Sequence(p, c.token_ids, a) for c, a in zip(g, adv) if c.token_ids]
-        policy.engine.sleep()  # the trainer has the GPU while the engine sleeps
-        train_round(model, ref, seqs, [], cfg, hf.pad_id, DEV, "fp32", seed=it, temperature=0.3)
+    current, tmp = {"policy": v}, tempfile.mkdtemp(prefix="vllm-check-")
+
+    def update(seqs, it):
+        current["policy"].engine.sleep()  # the trainer has the GPU while the engine sleeps
+        train_round(model, ref, seqs, [], gpu_check.FIXED_TOKEN_TRAIN, hf.pad_id, DEV, "fp32", seed=it,
+                    temperature=0.3)
         path = os.path.join(tmp, f"v{it + 1}")
         model.save_pretrained(path, safe_serialization=True)
         v.tokenizer.save_pretrained(path)
-        policy = VLLMBackend(path, dtype="fp32")  # the same engine, this checkpoint's weights
+        current["policy"] = VLLMBackend(path, dtype="fp32")  # the same engine, this checkpoint's weights
+
+    shares = gpu_check.fixed_token_shares(lambda *a: current["policy"].generate_ids(*a), update,
+                                          v.encode(questions(v, 16, "name a token.")))
+    policy = current["policy"]
     out["grpo_fixed_token_share_over_updates"] = shares
     from models import vllm_backend
 
