@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-slow test-all lint clean
+.PHONY: venv demo test test-slow lint clean
 
 $(STAMP): pyproject.toml constraints-cpu.txt Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,8 +27,6 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadscope -m 'slow and not browser'
 	$(BIN)/python -m pytest -q -m browser  # alone: a browser and a Prefect server under load time out
-
-test-all: test test-slow
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -52,6 +52,11 @@ def prompts_for(b, n: int) -> list[str]:
             for i in range(n)]
 
 
+def token_prompts(b, n: int = 16) -> list[list[int]]:
+    """The GRPO check's prompts (`fixed_token_shares`), as ids."""
+    return b.encode([b.render([{"role": "user", "content": f"Question {i}: name a token."}]) for i in range(n)])
+
+
 def check_correctness(tiny: str) -> dict:
     out = {}
     b = TransformersBackend(tiny, device=DEV, dtype="fp32", batch_size=64)
@@ -80,8 +85,7 @@ def check_correctness(tiny: str) -> dict:
         def update(seqs, it, b=b, ref=ref):
             train_round(b.model, ref, seqs, [], FIXED_TOKEN_TRAIN, b.pad_id, DEV, "fp32", seed=it, temperature=0.3)
 
-        ps = b.encode([b.render([{"role": "user", "content": f"Question {i}: name a token."}]) for i in range(16)])
-        shares = fixed_token_shares(b.generate_ids, update, ps, rewarded=sign)
+        shares = fixed_token_shares(b.generate_ids, update, token_prompts(b), rewarded=sign)
         out["grpo_fixed_token_share_" + ("rewarded" if sign else "penalised")] = shares
 
     b = TransformersBackend(tiny, device=DEV, dtype="fp32", batch_size=64)

@@ -32,6 +32,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -44,15 +45,12 @@ from models.backend import Sampling  # noqa: E402
 DEV = "cuda"
 
 
-def questions(b, n: int, what: str = "what is {i} times {j}? Think step by step.") -> list[str]:
-    return [b.render([{"role": "user", "content": f"Question {i}: " + what.format(i=i, j=i + 3)}]) for i in range(n)]
-
-
 def diffs(xs: list[list[float]], ys: list[list[float]]) -> dict:
     d = [abs(a - b) for x, y in zip(xs, ys) for a, b in zip(x, y)]
     return {"max": max(d), "median": statistics.median(d), "n": len(d)}
 
 
+@functools.cache
 def load_gpu_check():
     """benchmarks/gpu_check.py as a module (benchmarks/ is not a package, and is kept off sys.path: its
     select.py would shadow the standard library's)."""
@@ -73,7 +71,7 @@ def correctness(tiny: str) -> dict:
     out = {}
     v = VLLMBackend(tiny, dtype="fp32")
     hf = TransformersBackend(tiny, device=DEV, dtype="fp32", batch_size=64)
-    ids = v.encode(questions(v, 8))
+    ids = v.encode(load_gpu_check().prompts_for(v, 8))
     warm = v.generate_ids(ids, 4, Sampling(0.7, 1.0, 16, 0), row_seeds=list(range(8)))
     flat = [(ids[i], c) for i, g in enumerate(warm) for c in g if c.token_ids]
     trainer = hf.score_ids([p for p, _ in flat], [c.token_ids for _, c in flat], temperature=0.7)
@@ -100,7 +98,7 @@ def correctness(tiny: str) -> dict:
         current["policy"] = VLLMBackend(path, dtype="fp32")  # the same engine, this checkpoint's weights
 
     shares = gpu_check.fixed_token_shares(lambda *a: current["policy"].generate_ids(*a), update,
-                                          v.encode(questions(v, 16, "name a token.")))
+                                          gpu_check.token_prompts(v))
     policy = current["policy"]
     out["grpo_fixed_token_share_over_updates"] = shares
     from models import vllm_backend
@@ -124,15 +122,12 @@ def correctness(tiny: str) -> dict:
 def mcmc() -> dict:
     from models.registry import resolve
     from models.vllm_backend import VLLMBackend
-    from tasks.core.mcmc import Trace, shape_traces
+    from tasks.core.mcmc import shape_traces
 
     v = VLLMBackend(resolve("default"), dtype="bf16")
     runs = {}
     for batched in (True, False):
-        x = v.encode(questions(v, 8))
-        ctx = v.encode([p + "Reference: 7 * 8 = 56." for p in questions(v, 8)])
-        start = v.encode(["so 7 * 8 = 56 and the answer is 56."])[0] + [v.eos_ids[0]]
-        traces = [Trace(f"gpu{k}", x[k], ctx[k], list(start), lambda ids: True) for k in range(8)]
+        traces = load_gpu_check().make_traces(v, 8, 64)  # the whole start trace, ending in EOS
         shape_traces(v, traces, 6, "mh", 48, batched=batched)
         runs[batched] = traces
     a, b = runs[True], runs[False]
@@ -177,7 +172,7 @@ def speed(config_dir: str, tiny: str) -> dict:
     LlamaForCausalLM(LlamaConfig.from_pretrained(config_dir)).to(torch.bfloat16).save_pretrained(path)
     AutoTokenizer.from_pretrained(tiny).save_pretrained(path)
     b = VLLMBackend(path, dtype="bf16")
-    prompts, n, new = questions(b, 64), 8, 128
+    prompts, n, new = load_gpu_check().prompts_for(b, 64), 8, 128
     s = Sampling(0.7, 1.0, new, 0)
     vllm, llm = b.engine.vllm, b.engine.llm
     b.generate(prompts[:4], 2, Sampling(0.7, 1.0, 8, 0))  # warm-up

@@ -241,6 +241,7 @@ class Sampler:
             pl.lit(None, pl.Boolean).alias("verify_timeout"))
         return frame.select(TABLES["rollouts"].names).to_arrow().cast(TABLES["rollouts"])
 
+
 def _essential(config: dict) -> dict:
     """What a resumed sampler must share with the run's first one: everything that decides the batches
     (`select.batch_size` aside: next_batch's n sets it)."""

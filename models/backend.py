@@ -115,6 +115,20 @@ class TokenBackend(Backend, Protocol):
         ...
 
 
+def end_ids(generation_eos: int | list[int] | None, tokenizer) -> list[int]:
+    """Every id that ends a completion: the generation config's end ids (one or a list) plus the tokenizer's
+    own end token, as transformers' `generate` and vLLM stop on them.
+
+    >>> class T: eos_token_id = 2
+    >>> end_ids([2, 7], T()), end_ids(7, T()), end_ids(None, T())
+    ([2, 7], [7, 2], [2])
+    """
+    ids = [generation_eos] if isinstance(generation_eos, int) else list(generation_eos or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
 def require_tokens(backend: Backend, what: str) -> TokenBackend:
     """`backend` as a TokenBackend, or a one-line error naming `what` needs it and which backend lacks it."""
     if not isinstance(backend, TokenBackend):

@@ -39,7 +39,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from models.backend import Completion, Sampling, logprob_temperature
+from models.backend import Completion, Sampling, end_ids, logprob_temperature
 from models.decoding import M32, DecodeBatch, cache_kwarg, draw, keyed_uniforms
 
 log = logging.getLogger("refinery.models")
@@ -101,16 +101,9 @@ class TransformersBackend:
         log.info("transformers backend %s on %s: %s weights (%s)", model_path, device,
                  str(next(self.model.parameters()).dtype).removeprefix("torch."),
                  "native bf16" if self.bf16 and native_bf16(device) else "bf16 asked" if self.bf16 else "fp32")
-        self.eos_ids = self._eos_ids()
+        self.eos_ids = end_ids(self.model.generation_config.eos_token_id, self.tokenizer)
         self.cache_kwarg = cache_kwarg(self.model)  # `cache` or `past_key_values`, by transformers version
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_ids[0]
-
-    def _eos_ids(self) -> list[int]:
-        ids = self.model.generation_config.eos_token_id
-        ids = [ids] if isinstance(ids, int) else list(ids or [])
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
-            ids.append(self.tokenizer.eos_token_id)
-        return ids
 
     def render(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -46,7 +46,7 @@ def release_memory() -> None:
     if trim is not None:
         trim(0)
     torch = sys.modules.get("torch")  # not imported here: a process without torch has nothing to free
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
@@ -182,8 +183,6 @@ def release_backends() -> None:
     """Drop every cached backend (the train stage frees their memory before it builds optimizer state; the
     next round loads the new checkpoint anyway). A vLLM engine is not dropped but put to sleep, which frees
     its GPU memory for training; the next round wakes it with the new checkpoint (models/vllm_backend.py)."""
-    import sys
-
     from models.memory import release_memory
 
     _LOADED.clear()

@@ -39,7 +39,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from models.backend import Completion, Sampling
+from models.backend import Completion, Sampling, end_ids, logprob_temperature
 
 _ENGINE: Engine | None = None
 ENGINES_BUILT = 0  # in this process (benchmarks/vllm_check.py checks a run builds one)
@@ -125,11 +125,7 @@ class VLLMBackend:
             gen = GenerationConfig.from_pretrained(model_path)
         else:
             gen = GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
-        ids = gen.eos_token_id
-        eos = [ids] if isinstance(ids, int) else list(ids or [])
-        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in eos:
-            eos.append(self.tokenizer.eos_token_id)
-        self.eos_ids = eos
+        self.eos_ids = end_ids(gen.eos_token_id, self.tokenizer)
 
     @property
     def engine(self) -> Engine:
@@ -153,8 +149,9 @@ class VLLMBackend:
         """n samples per prompt; with `row_seeds`, each prompt's request carries its own seed."""
         if not ids:
             return []
-        self.engine.use(self.path)
-        vllm = self.engine.vllm
+        eng = self.engine
+        eng.use(self.path)
+        vllm = eng.vllm
         # vLLM seeds a request's j-th sample with seed + j: spacing the seeds n apart keeps every sample's stream
         # its own (adjacent row seeds would otherwise share streams across prompts)
         keys = row_seeds if row_seeds is not None else [sampling.seed * 1_000_003 + i for i in range(len(ids))]
@@ -163,7 +160,7 @@ class VLLMBackend:
                                       max_tokens=sampling.max_new_tokens, seed=s, logprobs=0) for s in seeds]
         prompts = [vllm.TokensPrompt(prompt_token_ids=list(p)) for p in ids]
         result = []
-        for o in self.engine.llm.generate(prompts, params, use_tqdm=False):
+        for o in eng.llm.generate(prompts, params, use_tqdm=False):
             group = []
             for c in sorted(o.outputs, key=lambda c: c.index):
                 toks = list(c.token_ids)
@@ -184,13 +181,14 @@ class VLLMBackend:
                   temperature: float = 1.0) -> list[list[float]]:
         """Each completion token's log-prob given its prompt and the tokens before it, at T = 1, from vLLM's
         prompt log-probs over the exact ids (nothing is tokenised again)."""
-        if temperature != 1.0:
+        if logprob_temperature(temperature) != 1.0:  # 0 means 1 here too (models/backend.py)
             raise ValueError(f"the vllm backend scores at temperature 1 only (vLLM's prompt log-probs are the raw "
                              f"model's), not {temperature}")
         if len(prompt_ids) != len(completion_ids):
             raise ValueError(f"score_ids: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
-        self.engine.use(self.path)
-        vllm = self.engine.vllm
+        eng = self.engine
+        eng.use(self.path)
+        vllm = eng.vllm
         out: list[list[float]] = [[] for _ in prompt_ids]
         todo = [k for k, c in enumerate(completion_ids) if c]
         if not todo:
@@ -200,7 +198,7 @@ class VLLMBackend:
                              "has no position to be predicted from")
         params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
         full = [vllm.TokensPrompt(prompt_token_ids=list(prompt_ids[k]) + list(completion_ids[k])) for k in todo]
-        for k, o in zip(todo, self.engine.llm.generate(full, params, use_tqdm=False)):
+        for k, o in zip(todo, eng.llm.generate(full, params, use_tqdm=False)):
             start, toks = len(prompt_ids[k]), list(completion_ids[k])
             out[k] = [o.prompt_logprobs[start + i][t].logprob for i, t in enumerate(toks)]
         return out
