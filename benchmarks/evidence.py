@@ -62,12 +62,18 @@ def machine() -> str:
             f"Python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
 
 
+OWN_OUTPUTS = ("benchmarks/evidence/store/", "docs/evidence")  # what this script writes: not a code change
+
+
 def commit() -> str:
+    """HEAD, marked when tracked files other than this script's own outputs (the store's machine records, the
+    page and its plots) have uncommitted changes."""
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True).stdout.splitlines()
+        dirty = [line for line in status if not line[3:].startswith(OWN_OUTPUTS)]
         return out + (" (with uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
