@@ -50,10 +50,11 @@ log = logging.getLogger(__name__)
 # Fields (dotted paths) a resumed run may change: none changes what already landed or makes it wrong. The
 # teacher and how it is reached (timeouts, retries, concurrency) only decide how later stages ask it, and
 # teacher answers are keyed by the teacher's name, so a new teacher never reuses the old one's answers;
-# model.batch_size only decides how many sequences decode together, and train.shared_prefix, micro_batch and
-# micro_tokens only how the same loss is computed and split into passes (equal to float tolerance). A change is
-# recorded on the resumed row.
-_RESUMABLE = {"rounds", "max_generated_tokens", "run_id", "store", "model.batch_size", "refine.teacher", "refine.teacher_timeout_s",
+# model.batch_size and kv_cache_gib only decide how many sequences decode together, and train.shared_prefix,
+# micro_batch and micro_tokens only how the same loss is computed and split into passes (equal to float
+# tolerance). A change is recorded on the resumed row.
+_RESUMABLE = {"rounds", "max_generated_tokens", "run_id", "store", "model.batch_size", "model.kv_cache_gib",
+              "refine.teacher", "refine.teacher_timeout_s",
               "refine.teacher_retries", "refine.teacher_backoff_s", "refine.teacher_concurrency",
               "train.shared_prefix", "train.micro_batch", "train.micro_tokens",
               # where generation runs does not change the rows (keyed sampling, models/sharded.py)

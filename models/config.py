@@ -29,6 +29,9 @@ class ModelConfig(Section):
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:[0-9]+)?|mps)$", description="cpu, cuda, cuda:N or mps")
     dtype: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto = bf16 where the device has it natively")
     batch_size: int = Field(64, ge=1, le=4096, description="sequences decoded together")
+    kv_cache_gib: float = Field(1.0, gt=0, le=4096, description="transformers backend: fewer rows decode together "
+                                "when their KV cache would pass this many GiB (long prompts); a prompt's samples "
+                                "are always admitted together")
 
     @field_validator("policy")
     @classmethod

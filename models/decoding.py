@@ -179,6 +179,11 @@ class DecodeBatch:
     def size(self) -> int:
         return len(self.rows)
 
+    @property
+    def width(self) -> int:
+        """KV-cache columns the rows use now (0 when empty)."""
+        return self.mask.shape[1] if self.rows else 0
+
     def merge(self, new: DecodeBatch, rows: list[tuple[int, int]]) -> None:
         """Add the rows of a freshly prefilled batch: one copy of every row's cache into a new buffer."""
         live = self.cache is not None and bool(self.rows)

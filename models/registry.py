@@ -149,13 +149,13 @@ MAX_LOADED = 2  # backends kept per process (policy and teacher), least recently
 
 def load_model(cfg: ModelConfig) -> Backend:
     """The backend the model section names (its `policy`, on its backend, device, dtype and batch size)."""
-    return load_backend(cfg.policy, cfg.backend, cfg.device, cfg.dtype, cfg.batch_size)
+    return load_backend(cfg.policy, cfg.backend, cfg.device, cfg.dtype, cfg.batch_size, cfg.kv_cache_gib)
 
 
 def load_backend(policy: str = "default", backend: str = "transformers", device: str = "cpu", dtype: str = "auto",
-                 batch_size: int = 64):
+                 batch_size: int = 64, kv_cache_gib: float = 1.0):
     """A generation backend for `policy`, loaded once per process (weights are read-only between rounds)."""
-    key = (policy, backend, device, dtype, batch_size)
+    key = (policy, backend, device, dtype, batch_size, kv_cache_gib)
     if key in _LOADED:
         _LOADED[key] = _LOADED.pop(key)  # most recently used last
     else:
@@ -165,7 +165,8 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
         if backend == "transformers":
             from models.hf import TransformersBackend
 
-            _LOADED[key] = TransformersBackend(path, device=device, dtype=dtype, batch_size=batch_size)
+            _LOADED[key] = TransformersBackend(path, device=device, dtype=dtype, batch_size=batch_size,
+                                               kv_cache_gib=kv_cache_gib)
         elif backend == "vllm":  # a handle on the process's one engine, which loads this checkpoint when used
             from models.vllm_backend import VLLMBackend
 
@@ -173,7 +174,8 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
         elif backend == "scripted":
             from models.scripted import ScriptedBackend
 
-            _LOADED[key] = ScriptedBackend(path, device=device, dtype=dtype, batch_size=batch_size)
+            _LOADED[key] = ScriptedBackend(path, device=device, dtype=dtype, batch_size=batch_size,
+                                           kv_cache_gib=kv_cache_gib)
         else:
             raise ModelSpecError(f"unknown backend {backend!r}: use transformers, vllm or scripted")
     return _LOADED[key]
@@ -198,8 +200,7 @@ def load_teacher(spec: str, model_cfg, options=None):
     anything with its teacher_timeout_s, teacher_retries, teacher_backoff_s and teacher_concurrency) tunes an
     endpoint's timeouts, retries and concurrency; without it the endpoint's defaults apply."""
     if spec == "policy":
-        return load_backend(model_cfg.policy, model_cfg.backend, model_cfg.device, model_cfg.dtype,
-                            model_cfg.batch_size)
+        return load_model(model_cfg)
     if spec.startswith("openai:"):
         from models.openai_http import OpenAIBackend
 
@@ -210,4 +211,5 @@ def load_teacher(spec: str, model_cfg, options=None):
             "timeout_s": options.teacher_timeout_s, "retries": options.teacher_retries,
             "backoff_s": options.teacher_backoff_s, "concurrency": options.teacher_concurrency}
         return OpenAIBackend(url, model, **tuning)
-    return load_backend(spec, "transformers", model_cfg.device, model_cfg.dtype, model_cfg.batch_size)
+    return load_backend(spec, "transformers", model_cfg.device, model_cfg.dtype, model_cfg.batch_size,
+                        model_cfg.kv_cache_gib)

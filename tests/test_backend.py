@@ -212,3 +212,50 @@ def test_generate_reports_the_log_probs_a_plain_forward_gives(tiny_backend):
                 logits = b.model(x).logits[0, len(p) - 1:-1].float() / 0.7
             plain = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
             assert torch.allclose(torch.tensor(c.logprobs), plain, atol=1e-4)
+
+
+def test_the_kv_budget_bounds_the_rows_decoding_together_without_changing_them(tiny_backend, monkeypatch):
+    """With `kv_cache_gib` too small for all rows at once, fewer rows decode together (every cache buffer
+    fits the budget, or holds one prompt's samples alone) and each row draws the same tokens (keyed sampling)."""
+    from models.decoding import BufferedLayer
+
+    b = tiny_backend
+    prompts = _render(b, [*PROMPTS, "Lorem ipsum dolor sit amet. " * 12 + "What is 4 + 4?", "Name a prime."])
+    widest = max(len(p) for p in b.encode(prompts))
+    s = Sampling(temperature=0.9, max_new_tokens=8, seed=3)
+    seeds = list(range(100, 100 + len(prompts)))
+    buffers: list[tuple[int, int]] = []  # (rows, columns in use) of every buffer a merge builds
+    made = BufferedLayer.of.__func__
+
+    def recorded(cls, parts, spare):
+        layer = made(cls, parts, spare)
+        buffers.append((layer.kbuf.shape[0], layer.end))
+        return layer
+    monkeypatch.setattr(BufferedLayer, "of", classmethod(recorded))
+    free = b.generate(prompts, 2, s, row_seeds=seeds)
+    assert max(r for r, _ in buffers) == 2 * len(prompts)  # unbounded: every row at once
+    buffers.clear()
+    old = b.kv_cache_bytes
+    b.kv_cache_bytes = 4 * (widest + s.max_new_tokens) * b.kv_bytes_per_token  # 4 rows as wide as the widest
+    try:
+        assert b.rows_within(widest, s.max_new_tokens) == 4
+        bounded = b.generate(prompts, 2, s, row_seeds=seeds)
+        b.kv_cache_bytes = 1  # less than one prompt's samples: they are still admitted, alone
+        alone = b.generate(prompts, 2, s, row_seeds=seeds)
+    finally:
+        b.kv_cache_bytes = old
+    assert buffers and max(r for r, w in buffers if w >= widest) == 4  # the widest rows: 4 at a time
+    assert all(r * w <= 4 * (widest + s.max_new_tokens) or r == 2 for r, w in buffers)  # narrower: more rows
+    for out in (bounded, alone):
+        assert [[c.token_ids for c in g] for g in out] == [[c.token_ids for c in g] for g in free]
+        for g, ref in zip(out, free):
+            for c, r in zip(g, ref):
+                assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(r.logprobs), atol=1e-4)
+
+
+def test_the_kv_budget_counts_the_caches_real_size(tiny_backend):
+    """kv_bytes_per_token is what a prefilled cache holds per token and row: layers x (keys, values)."""
+    b = tiny_backend
+    batch = b._prefill(b.encode(_render(b, PROMPTS[:1])), 1)
+    held = sum(t.numel() * t.element_size() for layer in batch.cache.layers for t in (layer.keys, layer.values))
+    assert held == batch.mask.shape[1] * b.kv_bytes_per_token
