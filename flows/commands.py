@@ -40,9 +40,7 @@ def prepare_prefect(store_uri: str, verbose: bool, console: bool = False) -> Non
         # Prefect logs a failing task or flow at ERROR with its whole traceback (and again per state change);
         # the CLI prints the reason as one line instead. The API handler still sends every record to the UI.
         os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
-    # A fresh ephemeral server migrates its SQLite database first; on a busy 2-core machine that has taken
-    # over Prefect's default 20 s, and the run then died before doing anything.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # the ephemeral server's startup wait is set in flows/__init__.py: Prefect may be imported before this runs
     if not verbose:
         # The ephemeral Prefect server cancels its SQLite connections at interpreter exit, and SQLAlchemy logs
         # that as an ERROR with a traceback after a successful run; it is shutdown noise, not a failure.

@@ -181,3 +181,14 @@ def test_a_bare_key_error_is_reported_as_a_bug(small_store, capsys, monkeypatch)
     assert capsys.readouterr().err.splitlines() == [
         "refinery: error: KeyError: 'choices'",
         "hint: this looks like a bug: rerun with --debug (or REFINERY_DEBUG=1) for the traceback"]
+
+
+def test_the_ephemeral_servers_startup_wait_reaches_prefect_although_the_config_imports_it_first():
+    """`refinery run` imports the run config (and with it Prefect) before it sets up Prefect's home; Prefect
+    reads its settings on import, so a wait set after that never applied: a fresh store's first run died after
+    Prefect's default 20 s while its server migrated. The default now comes with the `flows` package."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"}
+    code = ("import sys, flows.config; assert 'prefect' in sys.modules; "
+            "from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as s; print(s.value())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["180"]
