@@ -8,8 +8,8 @@ batch to its longest prompt. Here
   and waiting prompts are prefilled into the freed slots (continuous batching), so the batch stays full;
 - the KV cache is bounded (`kv_cache_gib`, 1 GiB by default): fewer than `batch_size` rows decode together
   when rows as wide as the widest waiting prompt, plus the `max_new_tokens` columns each may still add, would
-  hold more. LoPE's prompts carry 100-300 words of Lorem Ipsum (up to ~760 tokens): 64 such rows held about
-  2.4 GiB of fp32 cache, and collect peaked at 4.5 GiB on a CPU without bf16;
+  hold more. LoPE's prompts carry 100-300 words of Lorem Ipsum (up to ~700 tokens): 64 such rows held about
+  2.3 GiB of fp32 cache, and collect peaked at 4.5 GiB on a CPU without bf16;
 - bf16 *weights* where the device computes bf16 natively (dtype="auto"), or when asked ("bf16"): autocast over
   fp32 weights would cast every weight matrix again at every decode step; fp32 elsewhere. The choice is logged
   once per backend. A model handed in (shared with a trainer or the scripted policy) keeps its own dtype, and
