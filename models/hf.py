@@ -242,8 +242,14 @@ class TransformersBackend:
         """Per-token log-probs of each completion given its prompt (full-precision output layer), at
         `temperature` (the default 1 is the unmodified model; 0 means 1, as for greedy samples)."""
         temperature = logprob_temperature(temperature)
+        if len(prompt_ids) != len(completion_ids):
+            raise ValueError(f"score: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+            if c and not p:  # its first token would be read off position -1, the row's last (padding)
+                raise ValueError(f"score: prompt {i} is empty, so its completion's first token has no context")
         out: list[list[float]] = [[] for _ in prompt_ids]
-        order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
+        order = sorted((i for i in range(len(prompt_ids)) if completion_ids[i]),  # nothing to score: no forward
+                       key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
             for i, lp in zip(chunk, self._score_batch([prompt_ids[i] for i in chunk],

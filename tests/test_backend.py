@@ -132,6 +132,18 @@ def test_generated_logprobs_describe_the_sampling_distribution(tiny_backend, tem
         assert (torch.cat([torch.tensor(c.logprobs) for _, c in flat]) - at_1).abs().max() > 0.01
 
 
+def test_scoring_after_an_empty_prompt_is_refused_by_name(tiny_backend):
+    """An empty prompt gives a completion's first token no context: it used to be read off position -1 (the
+    padded row's last column), a silently wrong log-prob."""
+    b = tiny_backend
+    c = b.encode(["The answer is 5."])
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        b.score_ids([b.encode(_render(b, PROMPTS[:1]))[0], []], c * 2)
+    with pytest.raises(ValueError, match="2 prompts but 1 completions"):
+        b.score_ids([[1], [2]], c)
+    assert b.score_ids([[]], [[]]) == [[]]  # nothing to score is not an error
+
+
 def test_score_is_the_unmodified_model_unless_a_temperature_is_given(tiny_backend):
     """`score` (the gate's fluency, MCMC's target pi_ref) stays at T = 1; `score_ids(temperature=T)` scales."""
     b = tiny_backend
