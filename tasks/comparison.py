@@ -91,6 +91,17 @@ SELECT run_id, purpose, sum(calls) AS calls, sum(completions) AS completions, su
 FROM generated_tokens WHERE starts_with(run_id, '{prefix}') GROUP BY ALL ORDER BY run_id, purpose
 """.strip()
 
+# a run's wall time: each start (running, resumed) to the row after it (failed, completed, or the next start when
+# a killed process left no row, so such a gap counts); a run still going has no row after its last start
+RUNTIME = """
+WITH marks AS (SELECT run_id, status, created_at,
+                      lead(created_at) OVER (PARTITION BY run_id ORDER BY created_at) AS next_at FROM runs
+               WHERE starts_with(run_id, '{prefix}'))
+SELECT run_id, sum(epoch(next_at) - epoch(created_at)) AS seconds,
+       count(*) AS starts FROM marks
+WHERE status IN ('running', 'resumed') AND next_at IS NOT NULL GROUP BY run_id ORDER BY run_id
+""".strip()
+
 
 def query(name: str, prefix: str, split: str = "heldout") -> str:
     """The text of query `name` for runs whose ids start with `prefix`- (names are checked, so the text
@@ -99,7 +110,7 @@ def query(name: str, prefix: str, split: str = "heldout") -> str:
     if split != "heldout":
         check_name("split", split.removeprefix("dataset:"))
     return {"CHECKPOINTS": CHECKPOINTS, "PASS": PASS, "GROUPS": GROUPS, "DISCARDED": DISCARDED,
-            "TOKENS": TOKENS}[name].format(prefix=f"{prefix}-", split=split)
+            "TOKENS": TOKENS, "RUNTIME": RUNTIME}[name].format(prefix=f"{prefix}-", split=split)
 
 
 def frame(store: Store, name: str, prefix: str, split: str = "heldout") -> pl.DataFrame:

@@ -4,8 +4,10 @@
 on each axis (tokens, steps, seconds; tasks/core/curves.py) with its two-way bootstrap interval and its
 paired difference to the base arm (tasks/core/stats.py), the budget accounting (tokens by purpose,
 informative-group ratio, discarded share, tokens per correct held-out answer) and the external sets' results
-of each run's last checkpoint. `markdown` writes the page; tasks/comparison_plots.py draws its curves. Nothing
-here runs a model: the page is a pure function of the store and the comparison's plan.
+of each run's last checkpoint, and what the comparison cost (wall time and tokens per run). `markdown` writes
+the page; tasks/comparison_plots.py draws its curves. Nothing here runs a model: the page is a pure function
+of the store and the comparison's plan. It is over 300 lines because the page's sections (figures, verdict,
+ablations, tables, cost, SQL) read one `Evidence` and are kept together so each number's origin is in one file.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class ArmFigures:
     tokens_per_correct: float
     external: dict[str, dict[str, tuple[Interval, Interval | None]]] = field(default_factory=dict)
     paired_base: dict[str, float] = field(default_factory=dict)  # axis -> the base arm's mean over the paired seeds
+    wall_s: list[float] = field(default_factory=list)  # each run's wall-clock seconds, start to completion
 
 
 @dataclass
@@ -74,6 +77,7 @@ def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), ba
     groups = frame(store, "GROUPS", prefix)
     discarded = frame(store, "DISCARDED", prefix)
     tokens = frame(store, "TOKENS", prefix)
+    runtime = dict(frame(store, "RUNTIME", prefix).select("run_id", "seconds").iter_rows())
     ext = {name: frame(store, "PASS", prefix, f"dataset:{name}") for name in datasets}
     kinds = {name: _kinds(store, name) for name in datasets}
     base_curves = [curves[r.run_id] for r in runs[base_arm]]
@@ -102,7 +106,8 @@ def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), ba
             informative=float(g["informative_groups"].sum() / max(1, g["kept_groups"].sum() + g["discarded_groups"].sum())),
             discarded_share=float(d["discarded"].sum() / max(1, d["kept"].sum() + d["discarded"].sum())),
             tokens_per_correct=float(final["n_tokens"].sum() / max(1, final["n_correct"].sum())),
-            paired_base={axis: b for axis, (_, b) in pairs.items()})
+            paired_base={axis: b for axis, (_, b) in pairs.items()},
+            wall_s=[float(runtime[i]) for i in ids if i in runtime])
         for name, rows in ext.items():
             fig.external[name] = _external(rows, kinds[name], ids, seeds, runs[base_arm], a == base_arm)
         out.append(fig)
@@ -258,6 +263,28 @@ def tables(ev: Evidence, datasets: list[str]) -> str:
     return "\n".join(lines)
 
 
+def cost_lines(ev: Evidence) -> list[str]:
+    """What the comparison cost: each arm's wall time per run and generated tokens per run (training budget and
+    evaluation), and the totals."""
+    lines = ["| arm | runs | wall time per run, min (min-max) | generated tokens per run | of them evaluation |",
+             "|---|---|---|---|---|"]
+    total_s = total_tokens = total_eval = 0.0
+    for f in ev.arms:
+        per_run = sum(f.purposes.values())
+        runs = len(f.run_ids)
+        total_tokens += per_run * runs
+        total_eval += f.purposes.get("eval", 0.0) * runs
+        total_s += sum(f.wall_s)
+        wall = (f"{np.mean(f.wall_s) / 60:.1f} ({min(f.wall_s) / 60:.1f}-{max(f.wall_s) / 60:.1f})" if f.wall_s
+                else "n/a")
+        lines.append(f"| `{f.arm}` | {runs} | {wall} | {per_run:.0f} | {f.purposes.get('eval', 0.0):.0f} |")
+    runs = sum(len(f.run_ids) for f in ev.arms)
+    lines += ["", f"In all: {runs} runs, {total_s / 3600:.1f} hours of wall-clock time one after another, "
+              f"{total_tokens / 1e6:.2f}M generated tokens, {total_eval / max(total_tokens, 1):.0%} of them "
+              "evaluation. A run's wall time counts each of its starts until it failed or completed (`RUNTIME`)."]
+    return lines
+
+
 def sql_section(prefix: str, datasets: list[str]) -> str:
     parts = ["## The SQL behind each number", "",
              "Each query runs as is with `refinery sql --store STORE \"...\"`; the page's numbers are computed "
@@ -267,7 +294,8 @@ def sql_section(prefix: str, datasets: list[str]) -> str:
                        ("PASS", "per-prompt held-out pass@1 of every checkpoint"),
                        ("GROUPS", "informative-group ratio per run"),
                        ("DISCARDED", "discarded rollouts per run"),
-                       ("TOKENS", "generated tokens per run and purpose")]:
+                       ("TOKENS", "generated tokens per run and purpose"),
+                       ("RUNTIME", "wall-clock seconds per run")]:
         parts += ["", f"{what} (`{name}`):", "", "```sql", query(name, prefix), "```"]
     for name in datasets:
         parts += ["", f"external set `{name}` (`PASS` on its split):", "", "```sql",
@@ -283,6 +311,7 @@ def markdown(ev: Evidence, datasets: list[str], header: str, design: str, notes:
     if abl:
         parts += ["### Ablations: each one-part-off arm minus `refinery` at the matched token budget (paired seeds)", "",
                   "| arm | paired seeds | difference | reading |", "|---|---|---|---|", *abl, ""]
+    parts += ["## Cost of this comparison", "", *cost_lines(ev), ""]
     parts += ["## Curves", ""] + [f"![held-out pass@1 against {label}](evidence/pass1_vs_{axis}.png)" for axis, label in AXES.items()]
     parts += ["", design, ""]
     if notes:

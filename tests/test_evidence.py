@@ -151,7 +151,7 @@ def test_the_page_prints_its_queries_and_they_reproduce_its_numbers(compared, tm
     store, planned, _ = compared
     ev = build(store, "ev", planned, ["ext"])
     page = markdown(ev, ["ext"], "# header", "## design")
-    for name in ("CHECKPOINTS", "PASS", "GROUPS", "DISCARDED", "TOKENS"):
+    for name in ("CHECKPOINTS", "PASS", "GROUPS", "DISCARDED", "TOKENS", "RUNTIME"):
         text = query(name, "ev")
         assert text in page
         assert sql(store, text).num_rows > 0  # each runs as printed
@@ -167,6 +167,37 @@ def test_the_page_prints_its_queries_and_they_reproduce_its_numbers(compared, tm
     assert sorted(figs) == ["pass1_vs_seconds", "pass1_vs_steps", "pass1_vs_tokens"]
     figs["pass1_vs_tokens"].savefig(tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_the_cost_section_counts_each_runs_starts_and_all_its_tokens(compared):
+    store, planned, _ = compared
+    ev = build(store, "ev", planned, ["ext"])
+    marks = scan(store, "runs").collect().sort("created_at")
+    ledger = scan(store, "generated_tokens").collect()
+    for f in ev.arms:
+        assert len(f.wall_s) == len(f.run_ids)
+        for run_id, seconds in zip(f.run_ids, f.wall_s):
+            mine = marks.filter(pl.col("run_id") == run_id)
+            assert mine["status"].to_list() == ["running", "completed"]
+            assert seconds == pytest.approx((mine["created_at"][1] - mine["created_at"][0]).total_seconds())
+        assert sum(f.purposes.values()) * len(f.run_ids) == pytest.approx(
+            ledger.filter(pl.col("run_id").is_in(f.run_ids))["tokens"].sum())
+    page = markdown(ev, ["ext"], "# header", "## design")
+    assert "## Cost of this comparison" in page and f"In all: {len(planned)} runs, " in page
+    # a resumed run counts each start until its failure or completion, not the time it lay stopped
+    from storage.runs import mark
+
+    mark(store, "cost-x-s0", "running", {})
+    mark(store, "cost-x-s0", "failed", {})
+    mark(store, "cost-x-s0", "running", {})  # recorded as 'resumed'
+    mark(store, "cost-x-s0", "completed", {})
+    rows = scan(store, "runs").filter(pl.col("run_id") == "cost-x-s0").collect().sort("created_at")
+    assert rows["status"].to_list() == ["running", "failed", "resumed", "completed"]
+    t = rows["created_at"]
+    want = (t[1] - t[0]).total_seconds() + (t[3] - t[2]).total_seconds()
+    got = dict(frame(store, "RUNTIME", "cost").select("run_id", "seconds").iter_rows())["cost-x-s0"]
+    assert got == pytest.approx(want)
 
 
 @pytest.mark.slow
