@@ -266,7 +266,7 @@ def tables(ev: Evidence, datasets: list[str]) -> str:
 def cost_lines(ev: Evidence) -> list[str]:
     """What the comparison cost: each arm's wall time per run and generated tokens per run (training budget and
     evaluation), and the totals."""
-    lines = ["| arm | runs | wall time per run, min (min-max) | generated tokens per run | of them evaluation |",
+    lines = ["| arm | runs | wall time per run in minutes: mean (min-max) | generated tokens per run | of them evaluation |",
              "|---|---|---|---|---|"]
     total_s = total_tokens = total_eval = 0.0
     for f in ev.arms:
