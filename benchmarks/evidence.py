@@ -18,6 +18,8 @@ Runs go one after the other through flows/compare.py (`refinery compare` does th
 is tasks/comparison_page.py over the queries of tasks/comparison.py. Before writing, every run's stored config
 is checked against the design (the shared config, `--set`, its arm and seed): a store whose runs were made
 otherwise is refused, naming the run and the fields. `--json PATH` writes the headline figures as flat keys.
+benchmarks/evidence_reading.md, where it exists, is a hand-written reading of the figures (which part hurts,
+what changed and why); the page puts it under the generated verdict, and it names the commit it was written at.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ CORE = ["uniform", "dapo_filter", "eps_kmeans", "refinery"]
 ABLATIONS = ["no_refine", "no_shape", "no_fewshot", "no_lope"]
 CONFIG = REPO / "benchmarks" / "evidence.toml"
 DATASETS = [REPO / "data" / "external" / "reasoning_gym_ood.jsonl"]
+READING = REPO / "benchmarks" / "evidence_reading.md"  # the hand-written reading of the figures, put under the verdict
 PREFIX = "ev"
 
 
@@ -228,7 +231,9 @@ def _main(a: argparse.Namespace) -> int:
         "two-way bootstraps over seeds and prompts, differences paired by seed (docs/algorithms.md, "
         "comparison). Wall-clock seconds include the held-out evaluations of earlier checkpoints and whatever "
         "else ran on the machine at the time: read them as rough."])
-    out.write_text(markdown(ev, names, header, design(planned, missing, a.seeds, a.ablation_seeds, a.set)), encoding="utf-8")
+    reading = READING.read_text(encoding="utf-8") if READING.exists() else ""
+    out.write_text(markdown(ev, names, header, design(planned, missing, a.seeds, a.ablation_seeds, a.set), reading),
+                   encoding="utf-8")
     print(f"evidence: wrote {out} and its plots in {figures}")
     if a.json:
         flat = {"heldout_prompts": ev.heldout_prompts, "eval_samples": ev.samples,

@@ -304,9 +304,13 @@ def sql_section(prefix: str, datasets: list[str]) -> str:
 
 
 def markdown(ev: Evidence, datasets: list[str], header: str, design: str, notes: str = "") -> str:
-    """The whole page: `header` and `design` come from the caller (machine, commit, config), the rest from ev."""
+    """The whole page: `header` and `design` come from the caller (machine, commit, config), the rest from ev;
+    `notes` (a hand-written reading of the figures, with its own heading) follows the verdict."""
     parts = [header, "", "## Result against the goal", "", *(verdict(ev) or ["(no `refinery` arm in this comparison)"]),
-             "", "## Tables", "", tables(ev, datasets), ""]
+             ""]
+    if notes:
+        parts += [notes.strip(), ""]
+    parts += ["## Tables", "", tables(ev, datasets), ""]
     abl = ablation_lines(ev)
     if abl:
         parts += ["### Ablations: each one-part-off arm minus `refinery` at the matched token budget (paired seeds)", "",
@@ -314,7 +318,5 @@ def markdown(ev: Evidence, datasets: list[str], header: str, design: str, notes:
     parts += ["## Cost of this comparison", "", *cost_lines(ev), ""]
     parts += ["## Curves", ""] + [f"![held-out pass@1 against {label}](evidence/pass1_vs_{axis}.png)" for axis, label in AXES.items()]
     parts += ["", design, ""]
-    if notes:
-        parts += [notes, ""]
     parts += [sql_section(ev.prefix, datasets), ""]
     return "\n".join(parts)

@@ -217,9 +217,14 @@ def test_evidence_script_writes_the_page_of_the_finished_runs(compared, tmp_path
     err = capsys.readouterr().err
     assert err.startswith("evidence: ev-uniform-s0 was not run with this design: differs in: ") and "model.backend" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+    reading = tmp_path / "reading.md"
+    reading.write_text("## Reading\n\nno_refine hurts least.\n")
+    evidence.READING = reading  # the hand-written reading goes under the generated verdict
     assert evidence.main(["--store", store.root, "--seeds", "2", "--partial", "--out", str(out),
                           "--json", str(tmp_path / "e.json"), *sets]) == 0
     page = out.read_text()
+    assert page.index("## Result against the goal") < page.index("## Reading\n\nno_refine hurts least.") < page.index(
+        "## Tables")
     assert "Not finished when this page was written, so left out: `ev-eps_kmeans-s0`" in page
     assert "| `uniform` | 2 |" in page and "| `dapo_filter` | 1 |" in page
     assert sorted(p.name for p in (tmp_path / "docs" / "evidence").iterdir()) == [
