@@ -19,7 +19,8 @@ is tasks/comparison_page.py over the queries of tasks/comparison.py. Before writ
 is checked against the design (the shared config, `--set`, its arm and seed): a store whose runs were made
 otherwise is refused, naming the run and the fields. `--json PATH` writes the headline figures as flat keys.
 benchmarks/evidence_reading.md, where it exists, is a hand-written reading of the figures (which part hurts,
-what changed and why); the page puts it under the generated verdict, and it names the commit it was written at.
+what changed and why); the page puts it under the generated verdict. It is dated and says which runs it read,
+since the tables regenerate and it does not.
 """
 
 from __future__ import annotations

@@ -271,15 +271,13 @@ def cost_lines(ev: Evidence) -> list[str]:
     total_s = total_tokens = total_eval = 0.0
     for f in ev.arms:
         per_run = sum(f.purposes.values())
-        runs = len(f.run_ids)
-        total_tokens += per_run * runs
-        total_eval += f.purposes.get("eval", 0.0) * runs
+        total_tokens += per_run * len(f.run_ids)
+        total_eval += f.purposes.get("eval", 0.0) * len(f.run_ids)
         total_s += sum(f.wall_s)
         wall = (f"{np.mean(f.wall_s) / 60:.1f} ({min(f.wall_s) / 60:.1f}-{max(f.wall_s) / 60:.1f})" if f.wall_s
                 else "n/a")
-        lines.append(f"| `{f.arm}` | {runs} | {wall} | {per_run:.0f} | {f.purposes.get('eval', 0.0):.0f} |")
-    runs = sum(len(f.run_ids) for f in ev.arms)
-    lines += ["", f"In all: {runs} runs, {total_s / 3600:.1f} hours of wall-clock time one after another, "
+        lines.append(f"| `{f.arm}` | {len(f.run_ids)} | {wall} | {per_run:.0f} | {f.purposes.get('eval', 0.0):.0f} |")
+    lines += ["", f"In all: {sum(len(f.run_ids) for f in ev.arms)} runs, {total_s / 3600:.1f} hours of wall-clock time one after another, "
               f"{total_tokens / 1e6:.2f}M generated tokens, {total_eval / max(total_tokens, 1):.0%} of them "
               "evaluation. A run's wall time counts each of its starts until it failed or completed (`RUNTIME`)."]
     return lines
