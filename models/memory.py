@@ -5,7 +5,10 @@ activations and logits). glibc keeps much of what is freed in its heaps for reus
 size only grows: measured on SmolLM2-135M training, about 1.1 GB of every optimizer step's freed activations
 stayed resident and the next step's peak stacked on it. `release_memory` runs the garbage collector and asks
 glibc to return free heap pages (`malloc_trim(0)`, a few milliseconds); elsewhere it only collects. It is
-called after each optimizer step, after every stage, and when backends are dropped.
+called after each optimizer step, after every stage, and when backends are dropped. `trim_heap` is the trim
+alone, without the collector's pass over every Python object: training calls it after each forward/backward
+pass, where the next pass's tensors come in other sizes and would otherwise stack on the free-but-resident
+heap the last ones left (a traced step grew 0.4 GiB over its passes; see docs/performance.md).
 
 oneDNN (torch's CPU kernels for bf16 matmuls) caches up to 1024 compiled primitives, each holding its
 scratch buffers, and a training round meets a new matmul shape with every packed sequence length: measured on
@@ -38,13 +41,18 @@ def _trim():
     return getattr(libc, "malloc_trim", None)
 
 
+def trim_heap() -> None:
+    """Return free heap pages to the OS where the C library can (glibc's malloc_trim); no garbage collection."""
+    trim = _trim()
+    if trim is not None:
+        trim(0)
+
+
 def release_memory() -> None:
     """Collect garbage and return free heap memory to the OS where the C library can (glibc); on a GPU, hand
     torch's cached blocks back too, so a vLLM engine waking on the same GPU finds the memory it had."""
     gc.collect()
-    trim = _trim()
-    if trim is not None:
-        trim(0)
+    trim_heap()
     torch = sys.modules.get("torch")  # not imported here: a process without torch has nothing to free
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()

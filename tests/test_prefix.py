@@ -149,6 +149,19 @@ def test_shared_micro_batches_bound_rows_and_tokens():
     assert sorted(len({i // 8 for i in p}) for p in passes) == [1, 1, 1, 1]
 
 
+def test_a_split_group_is_spread_evenly_over_its_passes():
+    """A group too long for one pass (a 250-token few-shot prompt and G = 8 completions of 48 at the default 512
+    tokens) is split into as many passes as before, the completions spread evenly (4 + 4, 442 tokens each, not
+    5 + 3 with a 490-token pass): a pass's activation memory follows its longest sequence."""
+    passes = shared_micro_batches([[7] * 250] * 8, [48] * 8, 64, 512)
+    assert sorted(len(p) for p in passes) == [4, 4]
+    lengths = [30, 60, 40, 50, 64, 20, 45, 55]
+    passes = shared_micro_batches([[7] * 250] * 8, lengths, 64, 512)
+    widths = sorted(250 + sum(lengths[i] for i in p) for p in passes)
+    assert len(passes) == 2 and sorted(i for p in passes for i in p) == list(range(8))
+    assert widths[-1] - widths[0] <= max(lengths) and widths[-1] <= 512, widths
+
+
 
 def test_group_steps_keep_a_prompts_rows_in_one_step(tiny_backend, monkeypatch):
     """With group_steps, the rows of a prompt train in one optimizer step, so each training forward sees whole

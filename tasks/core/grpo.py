@@ -30,7 +30,8 @@ from pydantic import Field
 from models.backend import logprob_temperature
 from models.config import Section
 from models.hf import autocast, no_autocast
-from models.memory import release_memory
+from models.memory import release_memory, trim_heap
+from models.recompute import lean_activations
 from tasks.core.lope import RATIO_FLOOR
 from tasks.core.passes import batched_logprobs, forward_passes, pad_rows
 
@@ -65,6 +66,9 @@ class TrainConfig(Section):
     group_steps: bool = Field(True, description="keep a prompt's rows together in one optimizer step "
                               "(prompt-level mini-batches, as verl's), so the training forward runs each prompt "
                               "once per group; false: rows are shuffled across steps, splitting groups")
+    lean_activations: bool = Field(True, description="RMSNorms and gated MLPs keep only their inputs for the "
+                                   "backward and rerun themselves in it (models/recompute.py): less activation "
+                                   "memory, the same gradients to float rounding; false: the library's forward")
     max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="gradient clipping by global norm")
     lora_rank: int = Field(16, ge=1, le=1024, description="lora mode: rank of the adapters")
     lora_alpha: int = Field(32, ge=1, le=4096, description="lora mode: adapter scale (alpha / rank)")
@@ -183,64 +187,68 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                             fused=_fused_adamw(params))
     model.train()
     rows = []
-    for step in range(n_steps):
-        t0 = time.perf_counter()
-        chunk = order[step * cfg.rows_per_step : (step + 1) * cfg.rows_per_step]
-        sft_chunk = sft_order[step::n_steps]
-        opt.zero_grad(set_to_none=False)  # gradient buffers allocated once, reused every step
-        tokens = sum(len(seqs[i].completion_ids) for i in chunk)
-        sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "entropy": 0.0}
-        passes, logprobs = forward_passes([seqs[i].prompt_ids for i in chunk], [seqs[i].completion_ids for i in chunk],
-                                   micro, max_tokens, shared)
-        with autocast(device, dtype):  # each weight cast to bf16 once per step, not once per micro-batch
-            for part in passes:
-                idx = [chunk[j] for j in part]
-                batch = [seqs[i] for i in idx]
-                logp, mask, ent = logprobs(model, [s.prompt_ids for s in batch], [s.completion_ids for s in batch],
-                                           pad_id, device, dtype, True, temperature)
-                t = logp.shape[1]
-                with no_autocast(device):  # the loss and backward outside autocast; the outer context keeps its cache
-                    terms = grpo_token_terms(
-                        logp, pad_rows([old[i] for i in idx], t, device),
-                        pad_rows([ref[i] for i in idx], t, device) if ref else None,
-                        torch.tensor([s.advantage for s in batch], device=device), mask,
-                        torch.tensor([s.behaviour_ids is not None for s in batch], device=device),
-                        cfg.eps_low, cfg.eps_high, cfg.kl_coef, cfg.kl_clamp)
-                    (terms["loss"] / tokens).backward()
-                for key in ("loss", "pg", "kl", "clipped"):
-                    sums[key] += float(terms[key].detach())
-                sums["entropy"] += float((ent * mask).sum())
-            sft_loss = None
-            if sft_chunk:
-                sft_tokens = sum(len(sft[i].completion_ids) for i in sft_chunk)
-                nll = 0.0
-                passes, logprobs = forward_passes([sft[i].prompt_ids for i in sft_chunk],
-                                           [sft[i].completion_ids for i in sft_chunk], micro, max_tokens, shared)
+    with lean_activations(model, cfg.lean_activations):  # less activation memory, same gradients
+        for step in range(n_steps):
+            t0 = time.perf_counter()
+            chunk = order[step * cfg.rows_per_step : (step + 1) * cfg.rows_per_step]
+            sft_chunk = sft_order[step::n_steps]
+            opt.zero_grad(set_to_none=False)  # gradient buffers allocated once, reused every step
+            tokens = sum(len(seqs[i].completion_ids) for i in chunk)
+            sums = {"loss": 0.0, "pg": 0.0, "kl": 0.0, "clipped": 0.0, "entropy": 0.0}
+            passes, logprobs = forward_passes([seqs[i].prompt_ids for i in chunk],
+                                              [seqs[i].completion_ids for i in chunk], micro, max_tokens, shared)
+            with autocast(device, dtype):  # each weight cast to bf16 once per step, not once per micro-batch
                 for part in passes:
-                    batch = [sft[sft_chunk[j]] for j in part]
-                    # T = 1 on purpose: maximum likelihood of the shaped traces (see the module docstring)
-                    logp, mask, _ = logprobs(model, [s.prompt_ids for s in batch], [s.completion_ids for s in batch],
-                                             pad_id, device, dtype)
-                    part = -(logp * mask).sum()
+                    idx = [chunk[j] for j in part]
+                    batch = [seqs[i] for i in idx]
+                    logp, mask, ent = logprobs(model, [s.prompt_ids for s in batch], [s.completion_ids for s in batch],
+                                               pad_id, device, dtype, True, temperature)
+                    t = logp.shape[1]
+                    # the loss and backward outside autocast; the outer context keeps its cache
                     with no_autocast(device):
-                        (cfg.sft_weight * part / sft_tokens).backward()
-                    nll += float(part.detach())
-                sft_loss = nll / sft_tokens
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-        torch.clear_autocast_cache()  # no bf16 copy of a weight outlives its update (a caller's autocast around us)
-        opt.step()
-        release_memory()  # the step's freed activations back to the OS: the next step's peak does not stack
-        denom = max(tokens, 1)
-        pg_loss = sums["pg"] / denom if tokens else 0.0
-        loss = sums["loss"] / denom + (cfg.sft_weight * sft_loss if sft_loss is not None else 0.0)
-        rows.append({"step": step, "loss": loss, "pg_loss": pg_loss, "sft_loss": sft_loss,
-                     "kl": sums["kl"] / denom if tokens else None,
-                     "entropy": sums["entropy"] / denom if tokens else None, "grad_norm": grad_norm,
-                     "clip_frac": sums["clipped"] / denom if tokens else None,
-                     "n_tokens": tokens + sum(len(sft[i].completion_ids) for i in sft_chunk),
-                     "seconds": time.perf_counter() - t0})
-        if on_step:
-            on_step(rows[-1])
+                        terms = grpo_token_terms(
+                            logp, pad_rows([old[i] for i in idx], t, device),
+                            pad_rows([ref[i] for i in idx], t, device) if ref else None,
+                            torch.tensor([s.advantage for s in batch], device=device), mask,
+                            torch.tensor([s.behaviour_ids is not None for s in batch], device=device),
+                            cfg.eps_low, cfg.eps_high, cfg.kl_coef, cfg.kl_clamp)
+                        (terms["loss"] / tokens).backward()
+                    trim_heap()  # the pass's freed activations leave; the next pass's do not stack on them
+                    for key in ("loss", "pg", "kl", "clipped"):
+                        sums[key] += float(terms[key].detach())
+                    sums["entropy"] += float((ent * mask).sum())
+                sft_loss = None
+                if sft_chunk:
+                    sft_tokens = sum(len(sft[i].completion_ids) for i in sft_chunk)
+                    nll = 0.0
+                    passes, logprobs = forward_passes([sft[i].prompt_ids for i in sft_chunk],
+                                               [sft[i].completion_ids for i in sft_chunk], micro, max_tokens, shared)
+                    for part in passes:
+                        batch = [sft[sft_chunk[j]] for j in part]
+                        # T = 1 on purpose: maximum likelihood of the shaped traces (see the module docstring)
+                        logp, mask, _ = logprobs(model, [s.prompt_ids for s in batch], [s.completion_ids for s in batch],
+                                                 pad_id, device, dtype)
+                        part = -(logp * mask).sum()
+                        with no_autocast(device):
+                            (cfg.sft_weight * part / sft_tokens).backward()
+                        trim_heap()
+                        nll += float(part.detach())
+                    sft_loss = nll / sft_tokens
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            torch.clear_autocast_cache()  # no bf16 copy of a weight outlives its update (a caller's autocast around us)
+            opt.step()
+            release_memory()  # the step's freed activations back to the OS: the next step's peak does not stack
+            denom = max(tokens, 1)
+            pg_loss = sums["pg"] / denom if tokens else 0.0
+            loss = sums["loss"] / denom + (cfg.sft_weight * sft_loss if sft_loss is not None else 0.0)
+            rows.append({"step": step, "loss": loss, "pg_loss": pg_loss, "sft_loss": sft_loss,
+                         "kl": sums["kl"] / denom if tokens else None,
+                         "entropy": sums["entropy"] / denom if tokens else None, "grad_norm": grad_norm,
+                         "clip_frac": sums["clipped"] / denom if tokens else None,
+                         "n_tokens": tokens + sum(len(sft[i].completion_ids) for i in sft_chunk),
+                         "seconds": time.perf_counter() - t0})
+            if on_step:
+                on_step(rows[-1])
     model.eval()
     return rows
 

@@ -19,7 +19,8 @@ The mask is boolean for SDPA and additive (0 / dtype min) for eager attention, t
 
 `shared_micro_batches` packs rows into forward passes: a pass costs (packed sequences x the longest packed
 sequence) tokens, at most `max_tokens`, and holds at most `max_rows` completions; a group too large for one
-pass is split (each part carries its prompt again).
+pass is split into as few parts as fit (each part carries its prompt again), its completions then spread evenly
+over the parts (`balanced`): a pass's activation memory follows its longest sequence.
 """
 
 from __future__ import annotations
@@ -57,14 +58,14 @@ def shared_micro_batches(prompts: list[list[int]], completion_lengths: list[int]
     pieces: list[list[int]] = []
     for group in prompt_groups(prompts):
         width = len(prompts[group[0]])
-        piece: list[int] = []
+        split: list[list[int]] = [[]]
         for i in sorted(group, key=lambda i: completion_lengths[i]):
-            if piece and (len(piece) >= max_rows or width + completion_lengths[i] > max_tokens):
-                pieces.append(piece)
-                piece, width = [], len(prompts[group[0]])
-            piece.append(i)
+            if split[-1] and (len(split[-1]) >= max_rows or width + completion_lengths[i] > max_tokens):
+                split.append([])
+                width = len(prompts[group[0]])
+            split[-1].append(i)
             width += completion_lengths[i]
-        pieces.append(piece)
+        pieces += balanced(split, len(prompts[group[0]]), completion_lengths, max_rows, max_tokens)
 
     def packed(pc: list[int]) -> int:
         return len(prompts[pc[0]]) + sum(completion_lengths[i] for i in pc)
@@ -82,6 +83,30 @@ def shared_micro_batches(prompts: list[list[int]], completion_lengths: list[int]
         out.append(list(pc))
         n_seqs, widest = 1, packed(pc)
     return out
+
+
+def balanced(split: list[list[int]], prompt_length: int, completion_lengths: list[int], max_rows: int,
+             max_tokens: int) -> list[list[int]]:
+    """The same rows in as many pieces as `split`, spread so the longest packed piece is as short as a greedy
+    spread makes it (longest completion first, into the piece with the fewest tokens that has room): a pass's
+    activation memory follows its longest sequence, and the split's pieces cost the same compute either way
+    (each carries the prompt once). `split` itself where the spread does not fit the limits.
+
+    >>> balanced([[0, 1, 2], [3]], 10, [4, 4, 4, 4], max_rows=3, max_tokens=30)
+    [[0, 2], [1, 3]]
+    """
+    if len(split) < 2:
+        return split
+    out: list[list[int]] = [[] for _ in split]
+    width = [prompt_length] * len(split)
+    for i in sorted((i for piece in split for i in piece), key=lambda i: (-completion_lengths[i], i)):
+        room = [k for k in range(len(out)) if len(out[k]) < max_rows and width[k] + completion_lengths[i] <= max_tokens]
+        if not room:
+            return split
+        k = min(room, key=lambda k: (width[k], k))
+        out[k].append(i)
+        width[k] += completion_lengths[i]
+    return [sorted(piece) for piece in out]
 
 
 def shared_completion_logprobs(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]],
