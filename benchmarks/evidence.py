@@ -8,7 +8,8 @@ comparison and regenerates docs/evidence.md and its plots from the store (issue 
 The design is fixed here, so every regeneration describes the same experiment:
 - the core arms `uniform`, `dapo_filter`, `eps_kmeans`, `refinery` at `--seeds` paired seeds (default 3),
   and the four ablations (`no_refine`, `no_shape`, `no_fewshot`, `no_lope`) at `--ablation-seeds` (default
-  1), paired with `refinery`'s first seeds;
+  1), paired with `refinery`'s first seeds; `--confirm ABLATION` runs one of them at `--seeds` seeds instead,
+  the check a default change needs (`--confirm no_lope --run` adds `no_lope`'s seeds 1 and 2);
 - one shared config, benchmarks/evidence.toml (the embedded default policy, a pool ten times the default's
   generation sizes with a quarter, 106 prompts, held out, 8 samples per held-out prompt, a generated-token
   budget), plus any `--set` overrides;
@@ -142,12 +143,24 @@ def check_design(store, planned, config: str, shared: list[str]) -> None:
                              ) from None
 
 
-def design(planned, missing, seeds, ablation_seeds, sets) -> str:
+def arm_groups(seeds: int, ablation_seeds: int, confirmed: list[str]) -> list[tuple[list[str], int]]:
+    """(arms, seeds) in the order they run: the core arms, the ablations at `ablation_seeds`, then the
+    confirmed ablations at `seeds`.
+
+    >>> arm_groups(3, 1, ["no_lope"])[1:]
+    [(['no_refine', 'no_shape', 'no_fewshot'], 1), (['no_lope'], 3)]
+    """
+    single = [arm for arm in ABLATIONS if arm not in confirmed]
+    return [(arms, n) for arms, n in ((CORE, seeds), (single, ablation_seeds), (list(confirmed), seeds)) if arms]
+
+
+def design(planned, missing, seeds, ablation_seeds, sets, confirmed=()) -> str:
     from flows.compare import ARMS, SEEDED
 
     lines = ["## The experiment", "",
              f"Arms (flows/compare.py; an arm is a list of config overrides on the shared config). Core arms at "
-             f"{seeds} paired seed(s), ablations at {ablation_seeds}. Seed s sets "
+             f"{seeds} paired seed(s), ablations at {ablation_seeds}"
+             f"{''.join(f', `{arm}` at {seeds}' for arm in confirmed)}. Seed s sets "
              f"{', '.join(f'`{k}`' for k in SEEDED)} to s in every arm, so arms pair by seed; the pool, its "
              "held-out split and the evaluation's sampling are the same in every run.", "",
              "| arm | overrides | run ids |", "|---|---|---|"]
@@ -171,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partial", action="store_true", help="write the page from the finished runs only")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--ablation-seeds", type=int, default=1)
+    ap.add_argument("--confirm", action="append", default=[], choices=ABLATIONS, metavar="ABLATION",
+                    help="run this ablation at --seeds paired seeds, like a core arm (repeat for more): the check "
+                    "a default change needs before it is made")
     ap.add_argument("--out", default=str(REPO / "docs" / "evidence.md"))
     ap.add_argument("--json", default=None, help="write the headline figures here as flat keys")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
@@ -191,12 +207,14 @@ def _main(a: argparse.Namespace) -> int:
 
     datasets = [str(p) for p in DATASETS]
     core = plan(CORE, a.seeds, PREFIX, a.set, {})
-    ablations = plan(ABLATIONS, a.ablation_seeds, PREFIX, a.set, {})
+    a.confirm = list(dict.fromkeys(a.confirm))
+    groups = arm_groups(a.seeds, a.ablation_seeds, a.confirm)
+    ablations = [r for arms, seeds in groups[1:] for r in plan(arms, seeds, PREFIX, a.set, {})]
     if a.run:
         from flows.commands import prepare_prefect
 
         prepare_prefect(a.store, verbose=False)
-        for arms, seeds in ((CORE, a.seeds), (ABLATIONS, a.ablation_seeds)):
+        for arms, seeds in groups:
             compare(arms, seeds, PREFIX, a.set, {}, None, a.store, str(CONFIG), datasets=datasets,
                     on_run=lambda r: (print(f"evidence: {r.run_id} (arm {r.arm}, seed {r.seed})", flush=True),
                                       record_machine(a.store, r.run_id)))
@@ -233,8 +251,8 @@ def _main(a: argparse.Namespace) -> int:
         "comparison). Wall-clock seconds include the held-out evaluations of earlier checkpoints and whatever "
         "else ran on the machine at the time: read them as rough."])
     reading = READING.read_text(encoding="utf-8") if READING.exists() else ""
-    out.write_text(markdown(ev, names, header, design(planned, missing, a.seeds, a.ablation_seeds, a.set), reading),
-                   encoding="utf-8")
+    page = markdown(ev, names, header, design(planned, missing, a.seeds, a.ablation_seeds, a.set, a.confirm), reading)
+    out.write_text(page, encoding="utf-8")
     print(f"evidence: wrote {out} and its plots in {figures}")
     if a.json:
         flat = {"heldout_prompts": ev.heldout_prompts, "eval_samples": ev.samples,

@@ -306,3 +306,23 @@ def test_the_page_lists_where_each_run_ran(tmp_path):
         lines = store.fs.cat_file(store.path("_machines.jsonl")).decode().splitlines()
         assert [json.loads(x)["run_id"] for x in lines] == ["a", "b"]
         assert evidence.machines(store, ["a", "b", "c"]) == [f"- {evidence.machine()}: `a`, `b`", "- not recorded: `c`"]
+
+
+def test_confirm_runs_one_ablation_at_the_core_seeds():
+    """`--confirm no_lope` plans `no_lope` at --seeds paired seeds after the other ablations at one, so the
+    runs already made keep their ids and only seeds 1 and 2 are new; an unknown ablation is refused."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evidence", Path(__file__).parent.parent / "benchmarks" / "evidence.py")
+    evidence = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evidence)
+    from flows.compare import plan
+
+    groups = evidence.arm_groups(3, 1, ["no_lope"])
+    assert groups == [(evidence.CORE, 3), (["no_refine", "no_shape", "no_fewshot"], 1), (["no_lope"], 3)]
+    ids = [r.run_id for arms, n in groups[1:] for r in plan(arms, n, "ev", [], {})]
+    assert ids == ["ev-no_refine-s0", "ev-no_shape-s0", "ev-no_fewshot-s0", "ev-no_lope-s0", "ev-no_lope-s1",
+                   "ev-no_lope-s2"]
+    assert evidence.arm_groups(3, 1, [])[1:] == [(evidence.ABLATIONS, 1)]
+    with pytest.raises(SystemExit):
+        evidence.main(["--store", "unused", "--confirm", "uniform"])
