@@ -206,10 +206,9 @@ def _main(a: argparse.Namespace) -> int:
     from tasks.comparison_plots import plots
 
     datasets = [str(p) for p in DATASETS]
-    core = plan(CORE, a.seeds, PREFIX, a.set, {})
     a.confirm = list(dict.fromkeys(a.confirm))
     groups = arm_groups(a.seeds, a.ablation_seeds, a.confirm)
-    ablations = [r for arms, seeds in groups[1:] for r in plan(arms, seeds, PREFIX, a.set, {})]
+    planned = [r for arms, seeds in groups for r in plan(arms, seeds, PREFIX, a.set, {})]
     if a.run:
         from flows.commands import prepare_prefect
 
@@ -219,7 +218,6 @@ def _main(a: argparse.Namespace) -> int:
                     on_run=lambda r: (print(f"evidence: {r.run_id} (arm {r.arm}, seed {r.seed})", flush=True),
                                       record_machine(a.store, r.run_id)))
     store = Store(a.store)
-    planned = core + ablations
     done = finished(store, [r.run_id for r in planned])
     missing = [r.run_id for r in planned if r.run_id not in done]
     if missing and not a.partial:

@@ -115,7 +115,7 @@ def _same_json(x, y, rel: float, abs_: float) -> bool:
 
 def _close(x, y, rel: float, abs_: float) -> bool:
     if isinstance(x, float) or isinstance(y, float):
-        return (isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool)
+        return (all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (x, y))
                 and math.isclose(x, y, rel_tol=rel, abs_tol=abs_))
     if isinstance(x, dict) and isinstance(y, dict):
         return x.keys() == y.keys() and all(_close(x[k], y[k], rel, abs_) for k in x)
