@@ -166,7 +166,7 @@ def design(planned, missing, seeds, ablation_seeds, sets, confirmed=()) -> str:
              "| arm | overrides | run ids |", "|---|---|---|"]
     for arm in dict.fromkeys(r.arm for r in planned):
         ids = ", ".join(f"`{r.run_id}`" for r in planned if r.arm == arm)
-        lines.append(f"| `{arm}` | {'; '.join(f'`{o}`' for o in ARMS[arm]) or '(none: the defaults)'} | {ids} |")
+        lines.append(f"| `{arm}` | {'; '.join(f'`{o}`' for o in ARMS[arm]) or '(none: the shared config)'} | {ids} |")
     if missing:
         lines += ["", f"Not finished when this page was written, so left out: {', '.join(f'`{m}`' for m in missing)}."]
     lines += ["", f"Shared config ({CONFIG.relative_to(REPO)}):", "", "```toml", CONFIG.read_text().strip(), "```",

@@ -7,7 +7,9 @@ of the shared ones. The built-in arms:
 - `dapo_filter`: the same, with DAPO's over-sampling and zero-variance filter (discarded rollouts counted);
 - `eps`: the same, with EPS-weighted selection in one cluster (`select.k_max=1`); `eps_kmeans`: EPS over
   k-means clusters;
-- `refinery`: the full default pipeline; `no_refine`, `no_shape`, `no_fewshot`, `no_lope`: it, one part off.
+- `refinery`: the default pipeline; `no_refine`, `no_shape`, `no_fewshot`, `no_lope`: it, one part off. LoPE
+  is off by default, so `no_lope` differs from `refinery` only where the shared config turns LoPE on
+  (`rollout.lope_prefixes=6`, as benchmarks/evidence.toml does: the full pipeline with every part on).
 Seed s sets the sampling, selection, shaping and training seeds of every arm alike (`rollout.seed`,
 `select.seed`, `shape.seed`, `train.seed`), so arms pair by seed; the pool's and the evaluation's seeds stay
 shared, so every run draws the same pool and holds out the same prompts. Run ids are

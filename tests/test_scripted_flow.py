@@ -146,7 +146,7 @@ def _unsolved_source(folder) -> str:
 def scripted_sets(source: str) -> list[str]:
     return ["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32",
             "rollout.group_size=4", "rollout.max_new_tokens=40", "rollout.include_reserve=true",
-            "rollout.fewshot_p0=1.0", "rollout.lope_max_groups=1",
+            "rollout.fewshot_p0=1.0", "rollout.lope_prefixes=6", "rollout.lope_max_groups=1",
             "select.embedder=hashing", "select.batch_size=16",
             'refine.strategies=["ladder", "hint_prefix", "harden"]', "refine.teacher_distractors=false",
             "shape.teacher_traces=false", "shape.steps=6", "shape.max_traces=4", "shape.max_new_tokens=32",
