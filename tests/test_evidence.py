@@ -201,13 +201,19 @@ def test_the_cost_section_counts_each_runs_starts_and_all_its_tokens(compared):
     assert got == pytest.approx(want, abs=1e-3)
 
 
-@pytest.mark.slow
-def test_evidence_script_writes_the_page_of_the_finished_runs(compared, tmp_path, capsys):
+def _evidence_script():
+    """benchmarks/evidence.py as a module (benchmarks/ is not a package)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("evidence", Path(__file__).parent.parent / "benchmarks" / "evidence.py")
     evidence = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(evidence)
+    return evidence
+
+
+@pytest.mark.slow
+def test_evidence_script_writes_the_page_of_the_finished_runs(compared, tmp_path, capsys):
+    evidence = _evidence_script()
     store, _, _ = compared
     out = tmp_path / "docs" / "evidence.md"
     sets = [x for s in SETS for x in ("--set", s)]
@@ -289,14 +295,10 @@ def test_a_store_copied_without_its_weights_reruns_as_complete(compared, tmp_pat
 
 
 def test_the_page_lists_where_each_run_ran(tmp_path):
-    import importlib.util
-
     from storage.runs import mark
     from storage.store import Store
 
-    spec = importlib.util.spec_from_file_location("evidence", Path(__file__).parent.parent / "benchmarks" / "evidence.py")
-    evidence = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(evidence)
+    evidence = _evidence_script()
     for uri in (str(tmp_path / "store"), "memory://machines"):  # an object store cannot append: rewritten whole
         store = Store(uri)
         evidence.record_machine(uri, "a")
@@ -311,11 +313,7 @@ def test_the_page_lists_where_each_run_ran(tmp_path):
 def test_confirm_runs_one_ablation_at_the_core_seeds():
     """`--confirm no_lope` plans `no_lope` at --seeds paired seeds after the other ablations at one, so the
     runs already made keep their ids and only seeds 1 and 2 are new; an unknown ablation is refused."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("evidence", Path(__file__).parent.parent / "benchmarks" / "evidence.py")
-    evidence = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(evidence)
+    evidence = _evidence_script()
     from flows.compare import plan
 
     groups = evidence.arm_groups(3, 1, ["no_lope"])

@@ -226,8 +226,8 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                     for part in passes:
                         batch = [sft[sft_chunk[j]] for j in part]
                         # T = 1 on purpose: maximum likelihood of the shaped traces (see the module docstring)
-                        logp, mask, _ = logprobs(model, [s.prompt_ids for s in batch], [s.completion_ids for s in batch],
-                                                 pad_id, device, dtype)
+                        logp, mask, _ = logprobs(model, [s.prompt_ids for s in batch],
+                                                 [s.completion_ids for s in batch], pad_id, device, dtype)
                         part = -(logp * mask).sum()
                         with no_autocast(device):
                             (cfg.sft_weight * part / sft_tokens).backward()
