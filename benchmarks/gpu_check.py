@@ -12,9 +12,10 @@ weights are too large to carry to the machine), bf16 autocast:
 - batched MCMC against one trace at a time.
 With `--vllm` (the `gpu` extra installed): benchmarks/vllm_check.py's correctness, whole-flow and speed checks
 of the vllm backend, each in its own process, under "vllm" in the summary.
-Writes a JSON summary to --out.
+Writes a JSON summary (nested by part) to --out, and with --json PATH the same figures as flat keys (the
+nested names joined by "_", e.g. speed_rollout_ratio; lists and failures' text tails left out).
 
-    python benchmarks/gpu_check.py --tiny DIR --config-dir DIR [--vllm] [--out gpu.json]
+    python benchmarks/gpu_check.py --tiny DIR --config-dir DIR [--vllm] [--out gpu.json] [--json PATH]
 """
 
 from __future__ import annotations
@@ -259,6 +260,7 @@ def main() -> None:
     ap.add_argument("--tiny", required=True, help="the tiny-random model folder")
     ap.add_argument("--config-dir", required=True, help="a folder with the SmolLM2-135M config.json")
     ap.add_argument("--out", default="gpu.json")
+    ap.add_argument("--json", default=None, metavar="PATH", help="also write the figures as flat keys")
     ap.add_argument("--device", default="cuda", help="cpu runs the same checks slowly (to test this script)")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--vllm", action="store_true", help="also run benchmarks/vllm_check.py's parts")
@@ -283,6 +285,25 @@ def main() -> None:
         print(json.dumps(summary, indent=1), flush=True)
     with open(a.out, "w") as f:
         json.dump(summary, f, indent=1)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(flat(summary), f, indent=1, sort_keys=True)
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    """Nested figures as one level of keys joined by "_"; only numbers, booleans, None and short strings.
+
+    >>> flat({"speed": {"ratio": 1.5, "ok": True}, "device": "cpu", "tail": "x" * 500, "seeds": [1, 2]})
+    {'speed_ratio': 1.5, 'speed_ok': True, 'device': 'cpu'}
+    """
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out |= flat(value, f"{name}_")
+        elif value is None or isinstance(value, (bool, int, float)) or (isinstance(value, str) and len(value) <= 200):
+            out[name] = value
+    return out
 
 
 def vllm_parts(tiny: str, config_dir: str, skip_speed: bool) -> dict:

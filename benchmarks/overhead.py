@@ -13,7 +13,10 @@ In one process:
    Round 0's wall includes creating the flow run, the run lock and the `runs` row; no round includes the
    server start-up, which step 1 already paid.
 
-    python benchmarks/overhead.py [--rounds 1] [--store DIR] [--set section.key=value ...] [--tiny]
+--json PATH writes the figures as flat keys: prefect_startup_s, noop_flow_s, imports_s, flow_s, and per
+measured round r round_<r>_wall_s, round_<r>_compute_s, round_<r>_overhead; overhead_median (the target's figure).
+
+    python benchmarks/overhead.py [--rounds 1] [--store DIR] [--set section.key=value ...] [--tiny] [--json PATH]
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)  # run as a script, benchmarks/select.py would shadow the standard library's `select`
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -42,6 +46,7 @@ def main() -> int:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--tiny", action="store_true", help="the tiny random model and a 12-prompt pool (a quick check)")
     p.add_argument("--repeats", type=int, default=5, help="no-op flow runs")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the figures as flat keys")
     a = p.parse_args()
     store = a.store or tempfile.mkdtemp(prefix="refinery-overhead-")
     os.environ.setdefault("PREFECT_HOME", str(Path(store).resolve() / ".prefect"))
@@ -73,6 +78,7 @@ def main() -> int:
     print(f"imports (prefect, flows): {imports:.2f} s")
     print(f"prefect start-up: {first - per_flow:.2f} s (first no-op flow {first:.2f} s - a later one {per_flow:.2f} s)")
     print(f"no-op flow run: median {per_flow:.3f} s of {a.repeats}")
+    figures = {"imports_s": imports, "prefect_startup_s": first - per_flow, "noop_flow_s": per_flow}
 
     config = load_config(sets=[*(TINY if a.tiny else []), *a.set], run_id="overhead", store=store, rounds=a.rounds)
     t_call = time.perf_counter()
@@ -91,15 +97,21 @@ def main() -> int:
         wall = end - previous_end
         compute = sum(s["timing"]["compute_s"] for s in stages)
         fractions.append((wall - compute) / wall)
+        figures |= {f"round_{r}_wall_s": wall, f"round_{r}_compute_s": compute, f"round_{r}_overhead": fractions[-1]}
         detail = ", ".join(f"{s['stage']} {s['timing']['compute_s']:.1f}" for s in stages)
         print(f"{r:>5} {wall:>9.1f} {compute:>10.1f} {wall - compute:>11.2f} {fractions[-1]:>8.1%}   {detail}")
         previous_end = end
     tail = total - (previous_end - t_call)
     print(f"after the last stage (completed row, flow run end): {tail:.2f} s; flow total {total:.1f} s")
+    figures["flow_s"] = total
     if fractions:
         med = statistics.median(fractions)
+        figures["overhead_median"] = med
         print(f"orchestration overhead: median {med:.2%} of a round's wall time vs its stages' own compute "
               f"(target <= 5%): {'met' if med <= 0.05 else 'NOT met'}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(figures, indent=1, sort_keys=True))
+        print(f"wrote {a.json}")
     return 0
 
 

@@ -24,8 +24,11 @@ Lower bounds, measured afterwards in this process on the current arm's store, fo
   writes the store, which the bound leaves out.
 
 Figures go to --json as flat keys: round_wall_s, round_peak_rss_gib, collect_s, train_s, shape_s, evaluate_s,
-..._s for every other stage, train_ratio_vs_bare, collect_ratio_vs_ceiling, and with a baseline the same keys
-prefixed `baseline_` plus `round_wall_ratio_vs_baseline` (current / baseline) and one per stage.
+..._s for every other stage, train_ratio_vs_bare, collect_ratio_vs_ceiling, the shape stage's own counts
+(shape_mcmc_s: its MCMC apart from the teacher's solutions; shape_traces, shape_teacher_calls,
+shape_cut_proposals, shape_irreversible: two arms whose collect solved different prompts shape different
+chains), and with a baseline the same keys prefixed `baseline_` plus `round_wall_ratio_vs_baseline` (current /
+baseline) and one per stage.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)  # run as a script, benchmarks/select.py would shadow the standard library's `select`
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
@@ -76,6 +80,7 @@ out = curriculum(cfg)
 total = time.perf_counter() - t_call
 stages = [{"round": s.get("round"), "stage": s.get("stage"), "compute_s": s["timing"]["compute_s"],
            "end": s["timing"]["end"],
+           "counts": {k: v for k, v in s.items() if type(v) in (int, float) and k != "round"},
            "peak_rss_gib": max([g for t, g in samples if s["timing"]["start"] <= t <= s["timing"]["end"]],
                                default=None)}
           for s in out["stages"] if isinstance(s, dict) and "timing" in s]
@@ -89,6 +94,30 @@ print(MARK_PLACEHOLDER + json.dumps({"tree": os.path.dirname(os.path.abspath(tas
       "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
       "children_peak_rss_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20}), flush=True)
 """.replace("MARK_PLACEHOLDER", repr(MARK))
+
+
+def check_commit(ref: str, tool: str) -> None:
+    """Exit with one line unless `ref` names a commit of this repository (before any arm runs)."""
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                      capture_output=True).returncode:
+        raise SystemExit(f"{tool}: --baseline {ref} is not a commit of {ROOT}")
+
+
+@contextlib.contextmanager
+def baseline_tree(ref: str, tool: str):
+    """A detached git worktree of `ref` under /tmp for the `with` block, removed afterwards (also on failure)."""
+    check_commit(ref, tool)
+    tree = Path(tempfile.mkdtemp(prefix="refinery-baseline-")) / "tree"
+    made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), ref],
+                          capture_output=True, text=True)
+    if made.returncode:
+        shutil.rmtree(tree.parent, ignore_errors=True)
+        raise SystemExit(f"{tool}: no worktree of {ref}: {made.stderr.strip().splitlines()[-1]}")
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], capture_output=True)
+        shutil.rmtree(tree.parent, ignore_errors=True)
 
 
 def run_arm(tree: Path, sets: list[str], rounds: int, label: str) -> dict:
@@ -114,9 +143,16 @@ def run_arm(tree: Path, sets: list[str], rounds: int, label: str) -> dict:
     return out
 
 
+# the shape stage's own counts (its summary, the same keys since 4425eb0): the MCMC's seconds apart from the
+# teacher's solutions, and the work the chains did, so two arms that shaped different chains can be compared
+SHAPE_COUNTS = {"seconds": "shape_mcmc_s", "traces": "shape_traces", "teacher_calls": "shape_teacher_calls",
+                "irreversible": "shape_irreversible", "cut_proposals": "shape_cut_proposals"}
+
+
 def figures(arm: dict, rnd: int) -> dict:
     stages = {s["stage"]: s["compute_s"] for s in arm["stages"] if s["round"] == rnd}
-    return {"round_wall_s": arm["round_walls"][rnd], "round_peak_rss_gib": arm["peak_rss_gib"],
+    shape = next((s.get("counts", {}) for s in arm["stages"] if s["round"] == rnd and s["stage"] == "shape"), {})
+    return {**{name: shape[k] for k, name in SHAPE_COUNTS.items() if k in shape},"round_wall_s": arm["round_walls"][rnd], "round_peak_rss_gib": arm["peak_rss_gib"],
             "children_peak_rss_gib": arm["children_peak_rss_gib"], "flow_s": arm["flow_s"],
             **{f"{k}_s": v for k, v in stages.items()},
             **{f"{s['stage']}_peak_rss_gib": s["peak_rss_gib"] for s in arm["stages"]
@@ -200,23 +236,12 @@ def main() -> int:
     a = p.parse_args()
     sets = [*(TINY if a.tiny else []), *a.set]
     last = a.rounds - 1
-    if a.baseline and subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
-                                      f"{a.baseline}^{{commit}}"], capture_output=True).returncode:
-        raise SystemExit(f"round.py: --baseline {a.baseline} is not a commit of {ROOT}")
-    arms = {"current": run_arm(ROOT, sets, a.rounds, "current")}
-    worktree = None
     if a.baseline:
-        worktree = Path(tempfile.mkdtemp(prefix="refinery-baseline-")) / "tree"
-        made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(worktree), a.baseline],
-                              capture_output=True, text=True)
-        if made.returncode:
-            raise SystemExit(f"round.py: no worktree of {a.baseline}: {made.stderr.strip().splitlines()[-1]}")
-        try:
-            arms["baseline"] = run_arm(worktree, sets, a.rounds, f"baseline {a.baseline}")
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(worktree)],
-                           capture_output=True)
-            shutil.rmtree(worktree.parent, ignore_errors=True)
+        check_commit(a.baseline, "round.py")
+    arms = {"current": run_arm(ROOT, sets, a.rounds, "current")}
+    if a.baseline:
+        with baseline_tree(a.baseline, "round.py") as tree:
+            arms["baseline"] = run_arm(tree, sets, a.rounds, f"baseline {a.baseline}")
     out = figures(arms["current"], last)
     if not a.no_bounds:
         bare, tokens = bare_train_seconds(arms["current"]["store"], last, sets)
@@ -255,6 +280,13 @@ def main() -> int:
     print(f"peak RSS of the flow process: {out['round_peak_rss_gib']:.2f} GiB"
           + (f" (baseline {out['baseline_round_peak_rss_gib']:.2f})" if "baseline" in arms else "")
           + f"; its children at most {out['children_peak_rss_gib']:.2f} GiB")
+    arm_figures = [("current", out)] + [("baseline", {k.removeprefix("baseline_"): v for k, v in out.items()
+                                                      if k.startswith("baseline_")})] * ("baseline" in arms)
+    for arm, o in arm_figures:
+        if "shape_mcmc_s" in o and "shape_s" in o:
+            print(f"shape ({arm}): MCMC {o['shape_mcmc_s']:.1f} s of {o['shape_s']:.1f}; {o.get('shape_traces')} "
+                  f"traces, {o.get('shape_teacher_calls')} teacher calls, {o.get('shape_cut_proposals')} proposals "
+                  f"cut, {o.get('shape_irreversible')} moves irreversible")
     if "train_ratio_vs_bare" in out:
         print(f"train: {out['train_s']:.1f} s vs a bare forward/backward over the same {out['train_tokens']} "
               f"tokens {out['train_bare_s']:.1f} s: ratio {out['train_ratio_vs_bare']:.2f}")

@@ -6,6 +6,9 @@ that the project's own code still uses). Both are timed per query including conn
 commit records, creating the views), medians over --repeats run in turn, on N synthetic rollouts (default 1,000,000,
 as in benchmarks/store.py) committed as 10 stages. Ratio = sql / direct.
 
+--json PATH writes the figures as flat keys: per query q (its name in snake case) <q>_direct_s, <q>_sql_s
+and <q>_ratio.
+
     python benchmarks/sql_confined.py                # full size
     python benchmarks/sql_confined.py --rows 100000  # quick
 """
@@ -19,6 +22,8 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
     sys.path.pop(0)  # run as a script, this folder's select.py would shadow the standard library's `select`
 import argparse  # noqa: E402
 import importlib.util  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -63,7 +68,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--json", default=None, metavar="PATH", help="write the figures as flat keys")
     a = ap.parse_args()
+    figures = {}
     workdir = Path(tempfile.mkdtemp(prefix="refinery-sql-bench-"))
     try:
         store = Store(workdir / "store")
@@ -78,8 +85,13 @@ def main() -> None:
                 [lambda q=q: query.connect(store).sql(q).to_arrow_table(), lambda q=q: query.sql(store, q)], a.repeats)
             assert confined.num_rows == direct.num_rows, (name, confined.num_rows, direct.num_rows)
             print(f"{name:26s} direct {direct_t:6.3f} s   sql (confined) {sql_t:6.3f} s   ratio {sql_t / direct_t:4.2f}")
+            key = re.sub(r"\W+", "_", name).strip("_")
+            figures |= {f"{key}_direct_s": direct_t, f"{key}_sql_s": sql_t, f"{key}_ratio": sql_t / direct_t}
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(figures, indent=1, sort_keys=True))
+        print(f"wrote {a.json}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ Data: N synthetic rollouts (default 1,000,000) with ~200-character completions, 
    (reading included in every case). Target >= 50x faster and under 1 s on 2 cores. Two naive loops are
    printed: A reads the full rows (the literal baseline), B reads only the three columns it needs.
 
+--json PATH writes the figures as flat keys: append_raw_s, append_store_s, append_ratio (raw / store time),
+groups_naive_full_s, groups_naive_columns_s, and groups_<way>_s and groups_<way>_speedup (against naive loop
+A) for <way> duckdb_open, duckdb_connect and polars.
+
     python benchmarks/store.py                # full size
     python benchmarks/store.py --rows 100000  # quick
 """
@@ -23,6 +27,7 @@ import sys
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)  # run as a script, this folder's select.py would shadow the standard library's `select`
 import argparse  # noqa: E402
+import json  # noqa: E402
 import shutil  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
@@ -79,7 +84,7 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), out
 
 
-def bench_append(table: pa.Table, workdir: Path, repeats: int) -> None:
+def bench_append(table: pa.Table, workdir: Path, repeats: int, figures: dict) -> Store:
     rounds = sorted(set(table["round"].to_pylist()))
     slices = [table.filter(pc.equal(table["round"], r)) for r in rounds]
     counter = iter(range(10**6))
@@ -100,6 +105,7 @@ def bench_append(table: pa.Table, workdir: Path, repeats: int) -> None:
     print(f"append  raw write_to_dataset : {raw_t:7.2f} s  {n / raw_t:>12,.0f} rows/s   (baseline)")
     print(f"append  Store.commit         : {store_t:7.2f} s  {n / store_t:>12,.0f} rows/s   "
           f"ratio {raw_t / store_t:.2f} (target >= 0.8)")
+    figures |= {"append_raw_s": raw_t, "append_store_s": store_t, "append_ratio": raw_t / store_t}
     return s
 
 
@@ -109,7 +115,7 @@ FROM rollouts GROUP BY round, prompt_id
 """
 
 
-def bench_groups(store: Store, repeats: int) -> None:
+def bench_groups(store: Store, repeats: int, figures: dict) -> None:
     import polars as pl
 
     con = query.connect(store)
@@ -140,9 +146,12 @@ def bench_groups(store: Store, repeats: int) -> None:
 
     naive_t, g0 = timed(naive, max(1, repeats // 2))
     naive_all_t, _ = timed(lambda: naive(None), 1)
-    results = [(name, *timed(fn, repeats)) for name, fn in
-               (("DuckDB, open connection", duck_open), ("DuckDB, incl. connect  ", duck_cold),
-                ("polars lazy frame      ", polars))]
+    ways = (("DuckDB, open connection", "duckdb_open", duck_open), ("DuckDB, incl. connect  ", "duckdb_connect",
+            duck_cold), ("polars lazy frame      ", "polars", polars))
+    results = [(name, *timed(fn, repeats)) for name, _, fn in ways]
+    figures |= {"groups_naive_full_s": naive_all_t, "groups_naive_columns_s": naive_t}
+    for (_, key, _), (_, t, _) in zip(ways, results):
+        figures |= {f"groups_{key}_s": t, f"groups_{key}_speedup": naive_all_t / t}
     assert all(g == g0 for _, _, g in results), (g0, results)
     print(f"groups  naive loop over full rows    : {naive_all_t:7.3f} s  ({g0:,} groups)   (baseline A)")
     print(f"groups  naive loop over 3 columns    : {naive_t:7.3f} s  (baseline B, column-pruned)")
@@ -156,7 +165,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None, metavar="PATH", help="write the figures as flat keys")
     a = ap.parse_args()
+    figures: dict = {}
     t0 = time.perf_counter()
     table = synthetic_rollouts(a.rows)
     mean_chars = pc.mean(pc.utf8_length(table["completion"])).as_py()
@@ -164,11 +175,14 @@ def main() -> None:
           f"({table.nbytes / 2**20:.0f} MiB in memory, built in {time.perf_counter() - t0:.1f} s)")
     workdir = Path(tempfile.mkdtemp(prefix="refinery-bench-"))
     try:
-        store = bench_append(table, workdir, a.repeats)
+        store = bench_append(table, workdir, a.repeats, figures)
         del table
-        bench_groups(store, a.repeats)
+        bench_groups(store, a.repeats, figures)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(figures, indent=1, sort_keys=True))
+        print(f"wrote {a.json}")
 
 
 if __name__ == "__main__":

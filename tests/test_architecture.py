@@ -90,23 +90,29 @@ def test_every_config_field_has_a_description():
     assert schema["$defs"]["TrainConfig"]["properties"]["kl_clamp"]["description"]
 
 
-def test_every_benchmark_still_imports_what_it_uses():
+def test_every_benchmark_still_imports_what_it_uses_and_takes_json():
     """A moved or renamed name breaks a benchmark only when someone next runs it: run each one's --help (its
-    imports and argument parser) in one fresh interpreter."""
+    imports and argument parser) in one fresh interpreter. Every benchmark offers --json PATH (its figures as
+    flat keys, comparable across commits); vllm_check.py is gpu_check.py's part runner, whose figures reach
+    gpu_check's --json."""
     import subprocess
     import sys
 
     scripts = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*.py"))
-    code = ("import runpy, sys\nfailed = []\n"
+    code = ("import contextlib, io, runpy, sys\nfailed = []\n"
             f"for s in {scripts!r}:\n"
             "    sys.argv = [s, '--help']\n"
+            "    text = io.StringIO()\n"
             "    try:\n"
-            "        runpy.run_path(s, run_name='__main__')\n"
+            "        with contextlib.redirect_stdout(text):\n"
+            "            runpy.run_path(s, run_name='__main__')\n"
             "    except SystemExit as e:\n"
             "        if e.code not in (0, None):\n"
             "            failed.append(f'{s}: exit {e.code}')\n"
             "    except Exception as e:\n"
             "        failed.append(f'{s}: {type(e).__name__}: {e}')\n"
+            "    if '--json' not in text.getvalue() and not s.endswith('vllm_check.py'):\n"
+            "        failed.append(f'{s}: no --json in its --help')\n"
             "print('FAILED ' + '; '.join(failed) if failed else 'ok')\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.stdout.strip().splitlines()[-1] == "ok", out.stdout[-2000:] + out.stderr[-2000:]

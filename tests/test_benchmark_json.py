@@ -1,0 +1,45 @@
+"""The benchmarks' --json output at the smallest sizes: each script runs for real and writes its figures as
+flat keys with the names its docstring promises (issue 14: results comparable across commits)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+QUICK = {
+    "store.py": (["--rows", "3000", "--repeats", "1"],
+                 {"append_ratio", "groups_naive_full_s", "groups_duckdb_open_speedup", "groups_polars_s"}),
+    "sql_confined.py": (["--rows", "3000", "--repeats", "1"], {"group_stats_ratio", "point_filter_sql_s"}),
+    "select.py": (["--pool", "3000", "--batch", "64", "--repeats", "1", "--texts", "16"],
+                  {"select_kmeans_s", "entropy_own_kmeans", "mean_eps_uniform", "embed_texts_per_s"}),
+    "shape.py": (["--model", "tiny-random", "--traces", "2", "--steps", "1", "--max-new-tokens", "8", "--seeds", "2"],
+                 {"shape_batched_s", "shape_batched_speedup", "shape_decisions_agree", "shape_decisions"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(QUICK))
+def test_benchmark_writes_flat_json(script, tmp_path):
+    args, keys = QUICK[script]
+    out = tmp_path / "figures.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *args, "--json", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert keys <= figures.keys(), sorted(figures)
+    assert all(isinstance(v, (int, float, str, bool)) or v is None for v in figures.values())
+    if script == "shape.py":  # every decision made both ways, and the same (the tiny model's proposals are all
+        assert figures["shape_decisions"] == 2 * 2 * 1  # cut by the length limit: seeds x traces x steps)
+        assert figures["shape_decisions_agree"] == figures["shape_decisions"]
+
+
+@pytest.mark.slow
+def test_shape_benchmark_refuses_a_baseline_that_is_not_a_commit(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "shape.py"), "--model", "tiny-random",
+                           "--baseline", "no-such-ref-xyz"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == f"shape.py: --baseline no-such-ref-xyz is not a commit of {ROOT}"
