@@ -1,0 +1,104 @@
+"""Prepacked fp32 linear layers for the CPU decode loop (models/hf.py).
+
+A decode step multiplies a few rows (one token per row, at most the batch size) by every weight matrix. MKL's
+GEMM, which `nn.Linear` calls on CPU, runs such thin products far from the machine's limits: on 2 AVX2 cores a
+decode step of SmolLM2-135M over 300 tokens of context took 145-184 ms at 4-16 rows and 451 ms at 64. oneDNN's
+matmul over weights reordered once into its own blocked layout (`torch.ops.mkldnn._reorder_linear_weight` and
+`_linear_pointwise`, the kernels torch.compile's CPU weight freezing emits) took 95-146 ms and 333 ms: 1.2-1.5x
+from 4 rows up, 1.07x at 1 row (benchmarks/rollout.py and benchmarks/shape.py measure it in context).
+
+Choices:
+- fp32 weights on the CPU only, without gradients, and only for calls of at most `MAX_ROWS` rows (the decode
+  steps): prefill, scoring and training multiply hundreds of rows, where MKL was as fast or faster (oneDNN
+  0.8-0.9x on the 1536 -> 576 projection at 128-2048 rows);
+- a layer's packed copy is made on its first such call and made again when its weight changes (the tensor's
+  version counter or storage: an optimizer step or a checkpoint load writes the weight in place). The copies
+  are a second fp32 copy of the weights (0.5 GiB for the 135M model); they go with the model (backends are
+  dropped before training builds its optimizer state: models/registry.py release_backends);
+- `install` checks the packed product against `F.linear` on random rows first; a missing operator (a torch
+  built without oneDNN) or a mismatch leaves the model on MKL, and says so in the log.
+Results differ from MKL's by float rounding (1e-6 relative), as any two GEMM kernels do.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger("refinery.models")
+
+MAX_ROWS = 64  # rows per call up to which the packed kernel is used (the default decode batch)
+PACK_HINT = 16  # oneDNN's batch-size hint for the weight layout; 16 and 64 measured alike from 1 to 64 rows
+
+
+def _linear_pointwise(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT)
+
+
+class PackedForward:
+    """The forward of one `nn.Linear`: the packed oneDNN product for a few rows without gradients, the
+    layer's own `F.linear` otherwise."""
+
+    def __init__(self, layer: torch.nn.Linear):
+        self.layer = layer
+        self.packed: torch.Tensor | None = None
+        self.key: tuple[int, int] | None = None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.layer.weight, self.layer.bias
+        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if torch.is_grad_enabled() or rows > MAX_ROWS or rows == 0 or x.dtype != torch.float32:
+            return F.linear(x, w, b)
+        key = (w.data_ptr(), w._version)
+        if key != self.key:
+            self.packed, self.key = _pack(w), key
+        y = _linear_pointwise(x.reshape(rows, x.shape[-1]), self.packed, b)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def usable(device: str, model: torch.nn.Module) -> str | None:
+    """Why the packed path cannot serve `model` on `device`, or None when it can."""
+    if device != "cpu":
+        return f"device {device}"
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        return "weights not fp32"
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+        return "torch built without oneDNN"
+    try:  # the operators exist and agree with F.linear on random rows
+        gen = torch.Generator().manual_seed(0)
+        w, x = torch.randn(96, 64, generator=gen), torch.randn(5, 64, generator=gen)
+        if not torch.allclose(_linear_pointwise(x, _pack(w), None), F.linear(x, w), rtol=1e-4, atol=1e-4):
+            return "oneDNN's packed product disagrees with F.linear"
+    except (RuntimeError, AttributeError) as e:
+        return f"oneDNN's packed product failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    return None
+
+
+def install(model: torch.nn.Module, device: str) -> bool:
+    """Route `model`'s linear layers through `PackedForward` where `usable`; returns whether it did (logged)."""
+    why_not = usable(device, model)
+    if why_not:
+        log.info("decode steps on MKL's GEMM (packed oneDNN linears not used: %s)", why_not)
+        return False
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    for layer in layers:
+        layer.forward = PackedForward(layer)
+    log.info("decode steps on packed oneDNN linears (%d layers, up to %d rows a call)", len(layers), MAX_ROWS)
+    return True
+
+
+def installed(model: torch.nn.Module) -> bool:
+    return any(isinstance(m.__dict__.get("forward"), PackedForward) for m in model.modules())
+
+
+def uninstall(model: torch.nn.Module) -> None:
+    """Back to `nn.Linear`'s own forward everywhere; the packed copies go with it."""
+    for m in model.modules():
+        if isinstance(m.__dict__.get("forward"), PackedForward):
+            del m.forward
