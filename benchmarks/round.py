@@ -262,7 +262,7 @@ def main() -> int:
         if out["round_wall_s"] and base["round_wall_s"]:
             out["round_wall_ratio_vs_baseline"] = out["round_wall_s"] / base["round_wall_s"]
     stage_keys = sorted({k for k in out if k.endswith("_s") and not k.startswith("baseline_")} - {
-        "round_wall_s", "flow_s", "train_bare_s", "collect_ceiling_s"})
+        "round_wall_s", "flow_s", "train_bare_s", "collect_ceiling_s", "shape_mcmc_s"})  # MCMC: part of shape
     print(f"\nround {last}{' (of ' + str(a.rounds) + ')' if a.rounds > 1 else ''}: seconds per stage")
     print(f"{'':>16} {'current':>9}" + (f" {'baseline':>9} {'ratio':>6}" if "baseline" in arms else ""))
     for k in ["round_wall_s", *stage_keys]:
