@@ -50,6 +50,11 @@ class PackedForward:
         self.packed: torch.Tensor | None = None
         self.key: tuple[int, int] | None = None
 
+    def __getstate__(self) -> dict:
+        # a copied or pickled model (a trainer's deepcopy of the policy) repacks on its own first decode call:
+        # oneDNN's packed tensor has no storage to copy
+        return {"layer": self.layer, "packed": None, "key": None}
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w, b = self.layer.weight, self.layer.bias
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0

@@ -68,6 +68,22 @@ def test_backend_installs_it_on_its_own_fp32_cpu_model_only():
             assert c.logprobs == pytest.approx(d.logprobs, abs=1e-4)
 
 
+@needs_onednn
+def test_a_patched_model_deep_copies_and_the_copy_packs_its_own_weights():
+    import copy
+
+    model = torch.nn.Sequential(_layer())
+    assert packed.install(model, "cpu")
+    x = torch.randn(2, 48)
+    with torch.no_grad():
+        model(x)  # packed now: an opaque oneDNN tensor, which deepcopy cannot copy
+        twin = copy.deepcopy(model)
+        twin[0].weight.mul_(3.0)
+        torch.testing.assert_close(twin(x), F.linear(x, twin[0].weight, twin[0].bias), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(model(x), F.linear(x, model[0].weight, model[0].bias), rtol=1e-5, atol=1e-5)
+    assert twin[0].forward.layer is twin[0]
+
+
 def test_usable_names_why_not():
     assert packed.usable("cuda", torch.nn.Linear(2, 2)) == "device cuda"
     assert packed.usable("cpu", torch.nn.Linear(2, 2).to(torch.bfloat16)) == "weights not fp32"
