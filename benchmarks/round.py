@@ -132,14 +132,21 @@ def run_arm(tree: Path, sets: list[str], rounds: int, label: str) -> dict:
     t = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], cwd=tree, env=env, text=True,
                           capture_output=True)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(MARK)]
+    out = arm_result(proc, MARK, tree, label, "round.py")
+    out["store"], out["process_s"] = args["store"], time.perf_counter() - t
+    return out
+
+
+def arm_result(proc: subprocess.CompletedProcess, mark: str, tree: Path, label: str, tool: str) -> dict:
+    """An arm's child process -> its last `mark`ed JSON line; exits with its stderr's tail if it failed, or if
+    it imported its code from another tree than `tree` (the arm would have measured the wrong commit)."""
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(mark)]
     if proc.returncode or not lines:
         tail = "\n".join(proc.stderr.splitlines()[-15:])
-        raise SystemExit(f"round.py: the {label} arm failed (exit {proc.returncode}):\n{tail}")
-    out = json.loads(lines[-1][len(MARK):])
+        raise SystemExit(f"{tool}: the {label} arm failed (exit {proc.returncode}):\n{tail}")
+    out = json.loads(lines[-1][len(mark):])
     if Path(out["tree"]).resolve() != tree.resolve():
-        raise SystemExit(f"round.py: the {label} arm imported its code from {out['tree']}, not {tree}")
-    out["store"], out["process_s"] = args["store"], time.perf_counter() - t
+        raise SystemExit(f"{tool}: the {label} arm imported its code from {out['tree']}, not {tree}")
     return out
 
 
@@ -152,7 +159,8 @@ SHAPE_COUNTS = {"seconds": "shape_mcmc_s", "traces": "shape_traces", "teacher_ca
 def figures(arm: dict, rnd: int) -> dict:
     stages = {s["stage"]: s["compute_s"] for s in arm["stages"] if s["round"] == rnd}
     shape = next((s.get("counts", {}) for s in arm["stages"] if s["round"] == rnd and s["stage"] == "shape"), {})
-    return {**{name: shape[k] for k, name in SHAPE_COUNTS.items() if k in shape},"round_wall_s": arm["round_walls"][rnd], "round_peak_rss_gib": arm["peak_rss_gib"],
+    return {**{name: shape[k] for k, name in SHAPE_COUNTS.items() if k in shape},
+            "round_wall_s": arm["round_walls"][rnd], "round_peak_rss_gib": arm["peak_rss_gib"],
             "children_peak_rss_gib": arm["children_peak_rss_gib"], "flow_s": arm["flow_s"],
             **{f"{k}_s": v for k, v in stages.items()},
             **{f"{s['stage']}_peak_rss_gib": s["peak_rss_gib"] for s in arm["stages"]

@@ -34,6 +34,7 @@ import sys
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)  # run as a script, this folder's select.py would shadow the standard library's `select`
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
@@ -122,20 +123,21 @@ def child(args: dict) -> None:
     print(MARK + json.dumps({"tree": os.path.dirname(os.path.abspath(tasks.__path__[0])), "runs": runs}), flush=True)
 
 
+@functools.cache
+def round_bench():
+    """benchmarks/round.py as a module (benchmarks/ is not a package): its worktree and child-result helpers."""
+    spec = importlib.util.spec_from_file_location("round_bench", ROOT / "benchmarks" / "round.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_arm(tree: Path, args: dict, label: str) -> list[dict]:
     print(f"[{label}] batched shaping in {tree} ...", flush=True)
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(args)], cwd=tree,
                           env={**os.environ, "PYTHONPATH": str(tree)}, text=True, capture_output=True)
-    lines = proc.stdout.splitlines()
-    print("\n".join(ln for ln in lines if not ln.startswith(MARK)), flush=True)
-    marked = [ln for ln in lines if ln.startswith(MARK)]
-    if proc.returncode or not marked:
-        tail = "\n".join(proc.stderr.splitlines()[-15:])
-        raise SystemExit(f"shape.py: the {label} arm failed (exit {proc.returncode}):\n{tail}")
-    out = json.loads(marked[-1][len(MARK):])
-    if Path(out["tree"]).resolve() != tree.resolve():
-        raise SystemExit(f"shape.py: the {label} arm imported its code from {out['tree']}, not {tree}")
-    return out["runs"]
+    print("\n".join(ln for ln in proc.stdout.splitlines() if not ln.startswith(MARK)), flush=True)
+    return round_bench().arm_result(proc, MARK, tree, label, "shape.py")["runs"]
 
 
 def spread(xs: list[float]) -> str:
@@ -143,12 +145,9 @@ def spread(xs: list[float]) -> str:
 
 
 def against_baseline(a: argparse.Namespace, args: dict) -> dict:
-    spec = importlib.util.spec_from_file_location("round_bench", ROOT / "benchmarks" / "round.py")
-    round_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(round_bench)
-    round_bench.check_commit(a.baseline, "shape.py")  # before the current arm spends its minutes
+    round_bench().check_commit(a.baseline, "shape.py")  # before the current arm spends its minutes
     arms = {"current": run_arm(ROOT, args, "current")}
-    with round_bench.baseline_tree(a.baseline, "shape.py") as tree:
+    with round_bench().baseline_tree(a.baseline, "shape.py") as tree:
         arms["baseline"] = run_arm(tree, args, f"baseline {a.baseline}")
     figures: dict = {"baseline_ref": a.baseline}
     for name, runs in arms.items():

@@ -21,7 +21,7 @@ batch to its longest prompt. Here
   with GQA falls back to the math kernel, so it stays off there). Same results to bf16 rounding (sampled-token
   log-probs against an fp32 forward: median error 0.009 either way); decode ~1.5x faster on 2 cores;
 - fp32 decode steps on the CPU multiply their few rows by weights that oneDNN reordered once into its blocked
-  layout (models/packed.py), 1.2-1.5x faster per step than MKL's GEMM from 4 rows up on 2 AVX2 cores; prefill
+  layout (models/packed.py), 1.15-1.6x faster per step than MKL's GEMM from 1 to 64 rows on 2 AVX2 cores; prefill
   and scoring stay on MKL;
 - the KV cache lives in preallocated buffers with spare columns (models/decoding.py BufferedLayer): a decode
   step writes its column in place, where transformers' DynamicCache copies the whole cache at every step;

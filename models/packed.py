@@ -2,10 +2,11 @@
 
 A decode step multiplies a few rows (one token per row, at most the batch size) by every weight matrix. MKL's
 GEMM, which `nn.Linear` calls on CPU, runs such thin products far from the machine's limits: on 2 AVX2 cores a
-decode step of SmolLM2-135M over 300 tokens of context took 145-184 ms at 4-16 rows and 451 ms at 64. oneDNN's
-matmul over weights reordered once into its own blocked layout (`torch.ops.mkldnn._reorder_linear_weight` and
-`_linear_pointwise`, the kernels torch.compile's CPU weight freezing emits) took 95-146 ms and 333 ms: 1.2-1.5x
-from 4 rows up, 1.07x at 1 row (benchmarks/rollout.py and benchmarks/shape.py measure it in context).
+decode step of SmolLM2-135M over 300 tokens of context took 141-184 ms at 4-16 rows and 411 ms at 64 (medians
+of 3, interleaved). oneDNN's matmul over weights reordered once into its own blocked layout
+(`torch.ops.mkldnn._reorder_linear_weight` and `_linear_pointwise`, the kernels torch.compile's CPU weight
+freezing emits) took 89-146 ms and 350 ms: 1.15-1.6x from 1 to 64 rows (table in docs/performance.md;
+benchmarks/shape.py --baseline measures it in context).
 
 Choices:
 - fp32 weights on the CPU only, without gradients, and only for calls of at most `MAX_ROWS` rows (the decode
