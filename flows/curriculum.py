@@ -51,12 +51,14 @@ log = logging.getLogger(__name__)
 # teacher and how it is reached (timeouts, retries, concurrency) only decide how later stages ask it, and
 # teacher answers are keyed by the teacher's name, so a new teacher never reuses the old one's answers;
 # model.batch_size and kv_cache_gib only decide how many sequences decode together, and train.shared_prefix,
-# micro_batch, micro_tokens and lean_activations only how the same loss is computed and split into passes
+# micro_batch, micro_tokens, lean_activations and grads_in_place only how the same loss is computed and split
+# into passes
 # (equal to float tolerance). A change is recorded on the resumed row.
 _RESUMABLE = {"rounds", "max_generated_tokens", "run_id", "store", "model.batch_size", "model.kv_cache_gib",
               "refine.teacher", "refine.teacher_timeout_s",
               "refine.teacher_retries", "refine.teacher_backoff_s", "refine.teacher_concurrency",
               "train.shared_prefix", "train.micro_batch", "train.micro_tokens", "train.lean_activations",
+              "train.grads_in_place",
               # where generation runs does not change the rows (keyed sampling, models/sharded.py)
               "scale.rollout_workers", "scale.ray_address", "scale.cpus_per_worker", "scale.gpus_per_worker"}
 _UNRECORDED = {"run_id", "store"}  # where the run lives, not how it runs

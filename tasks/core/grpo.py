@@ -29,6 +29,7 @@ from pydantic import Field
 
 from models.backend import logprob_temperature
 from models.config import Section
+from models.grad_into import grads_in_place
 from models.hf import autocast, no_autocast
 from models.memory import release_memory, trim_heap
 from models.recompute import lean_activations
@@ -69,6 +70,9 @@ class TrainConfig(Section):
     lean_activations: bool = Field(True, description="RMSNorms and gated MLPs keep only their inputs for the "
                                    "backward and rerun themselves in it (models/recompute.py): less activation "
                                    "memory, the same gradients to float rounding; false: the library's forward")
+    grads_in_place: bool = Field(True, description="the embedding and output layer add their weight gradients "
+                                 "into .grad in place (models/grad_into.py): no vocabulary-sized temporaries at "
+                                 "the end of each backward, the same gradients to float rounding; false: autograd's")
     max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="gradient clipping by global norm")
     lora_rank: int = Field(16, ge=1, le=1024, description="lora mode: rank of the adapters")
     lora_alpha: int = Field(32, ge=1, le=4096, description="lora mode: adapter scale (alpha / rank)")
@@ -187,7 +191,8 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                             fused=_fused_adamw(params))
     model.train()
     rows = []
-    with lean_activations(model, cfg.lean_activations):  # less activation memory, same gradients
+    # less activation memory and no [vocabulary, hidden] gradient temporaries; the same gradients
+    with lean_activations(model, cfg.lean_activations), grads_in_place(model, cfg.grads_in_place):
         for step in range(n_steps):
             t0 = time.perf_counter()
             chunk = order[step * cfg.rows_per_step : (step + 1) * cfg.rows_per_step]

@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from models.backend import logprob_temperature
 from models.hf import autocast, no_autocast
 
+ENTROPY_SLICE = 64  # positions per slice of the entropy's [positions, vocab] temporaries (no gradient)
+
 
 def prompt_groups(prompts: list[list[int]]) -> list[list[int]]:
     """Row indices grouped by identical prompt, groups and rows in first-appearance order.
@@ -183,7 +185,8 @@ def token_logprobs(head: torch.nn.Module, h: torch.Tensor, targets: torch.Tensor
         logp_all = F.log_softmax(head(h.to(head.weight.dtype)).float() / temperature, -1)
     logp = logp_all.gather(2, targets.to(h.device)[..., None])[..., 0]
     ent = None
-    if entropy:
+    if entropy:  # in slices of positions: two [tokens, vocab] temporaries at once were a training step's peak
         with torch.no_grad():
-            ent = -(logp_all.exp() * logp_all).sum(-1)
+            flat = logp_all.reshape(-1, logp_all.shape[-1])
+            ent = torch.cat([-(part.exp() * part).sum(-1) for part in flat.split(ENTROPY_SLICE)]).view(logp.shape)
     return logp, ent
