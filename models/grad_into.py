@@ -25,10 +25,10 @@ Choices:
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
+
+from models.forward_patch import patched_forwards
 
 
 def _grad_buffer(weight: torch.Tensor) -> torch.Tensor:
@@ -111,19 +111,7 @@ def in_place_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, obje
     return out
 
 
-@contextlib.contextmanager
 def grads_in_place(model: torch.nn.Module, enabled: bool = True):
     """Within the block, `model`'s embedding and output layer add their weight gradients into `.grad` in
     place (see the module docstring)."""
-    patched = in_place_modules(model) if enabled else []
-    before = [module.__dict__.get("forward") for module, _ in patched]
-    try:
-        for module, forward in patched:
-            module.forward = forward
-        yield
-    finally:
-        for (module, _), own in zip(patched, before):
-            if own is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = own
+    return patched_forwards(in_place_modules(model) if enabled else [])

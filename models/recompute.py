@@ -27,10 +27,11 @@ Choices:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
+
+from models.forward_patch import patched_forwards
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -96,18 +97,6 @@ def lean_modules(model: torch.nn.Module) -> Iterator[tuple[torch.nn.Module, Call
             yield module, _lean_mlp_forward(module)
 
 
-@contextlib.contextmanager
 def lean_activations(model: torch.nn.Module, enabled: bool = True):
     """Within the block, `model`'s RMSNorms and gated MLPs keep only their inputs for the backward."""
-    lean = list(lean_modules(model)) if enabled else []
-    before = [module.__dict__.get("forward") for module, _ in lean]  # an instance's own forward, if it had one
-    try:
-        for module, forward in lean:
-            module.forward = forward
-        yield
-    finally:
-        for (module, _), own in zip(lean, before):
-            if own is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.forward = own
+    return patched_forwards(lean_modules(model) if enabled else [])

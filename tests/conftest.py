@@ -106,3 +106,41 @@ def run_cli(*args: str) -> tuple[int, str, str]:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(args))
     return code, out.getvalue(), err.getvalue()
+
+
+def grpo_batch(b) -> list:
+    """Two prompts x two completions of the tiny backend, with GRPO advantages (training-path tests)."""
+    from tasks.core.grpo import Sequence, group_advantages
+
+    pa_, pb = (b.encode([b.render([{"role": "user", "content": q}])])[0] for q in ("What is 7 * 8?", "Add 3 and 4."))
+    comps = b.encode(["It is 54.", "7 * 8 = 56, so \\boxed{56}", "\\boxed{7}", "3 + 4 = 7"])
+    adv = group_advantages([0.0, 1.0])
+    return [Sequence(pa_, comps[0], adv[0]), Sequence(pa_, comps[1], adv[1]),
+            Sequence(pb, comps[2], adv[1]), Sequence(pb, comps[3], adv[0])]
+
+
+def assert_trains_alike(b, flag: str, dtype: str = "fp32") -> None:
+    """Two optimizer steps of GRPO + SFT with `train.<flag>` off and on, from the tiny backend's weights: the same
+    step rows and weights to float tolerance, and the weights did move."""
+    import copy
+
+    import torch
+
+    from tasks.core.grpo import Sequence, TrainConfig, train_round
+
+    seqs = grpo_batch(b)
+    sft = [Sequence(seqs[1].prompt_ids, seqs[1].completion_ids + [b.tokenizer.eos_token_id], 0.0)]
+    out = []
+    for on in (False, True):
+        model = copy.deepcopy(b.model)
+        cfg = TrainConfig(lr=1e-3, kl_coef=0.0, sft_weight=0.5, rows_per_step=2, **{flag: on})
+        rows = train_round(model, None, seqs, sft, cfg, b.pad_id, dtype=dtype, seed=1, temperature=0.7)
+        out.append((rows, dict(model.named_parameters())))
+    (rows0, w0), (rows1, w1) = out
+    for r0, r1 in zip(rows0, rows1, strict=True):
+        assert r0.keys() == r1.keys()
+        for k in r0.keys() - {"seconds"}:
+            assert r0[k] == (None if r1[k] is None else pytest.approx(r1[k], rel=1e-5, abs=1e-7)), k
+    for n in w0:
+        assert torch.allclose(w0[n], w1[n], rtol=1e-5, atol=1e-7), n
+    assert any(not torch.equal(w0[n], dict(b.model.named_parameters())[n]) for n in w0)  # it did train

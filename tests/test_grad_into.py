@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import torch
+from conftest import assert_trains_alike, grpo_batch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from models.grad_into import grads_in_place, in_place_modules
-from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round
 from tasks.core.passes import completion_logprobs
 from tasks.core.prefix import shared_completion_logprobs
 
@@ -21,14 +21,6 @@ def _untied(tiny_backend):
     config.tie_word_embeddings = False
     torch.manual_seed(3)
     return LlamaForCausalLM(config).eval()
-
-
-def _batch(b):
-    pa, pb = (b.encode([b.render([{"role": "user", "content": q}])])[0] for q in ("What is 7 * 8?", "Add 3 and 4."))
-    comps = b.encode(["It is 54.", "7 * 8 = 56, so \\boxed{56}", "\\boxed{7}", "3 + 4 = 7"])
-    adv = group_advantages([0.0, 1.0])
-    return [Sequence(pa, comps[0], adv[0]), Sequence(pa, comps[1], adv[1]),
-            Sequence(pb, comps[2], adv[1]), Sequence(pb, comps[3], adv[0])]
 
 
 def _grads(model, passes, in_place: bool):
@@ -49,7 +41,7 @@ def test_gradients_equal_autograds_over_accumulated_passes(tiny_backend, tied):
     b = tiny_backend
     model = copy.deepcopy(b.model) if tied else _untied(b)
     assert (model.get_input_embeddings().weight is model.get_output_embeddings().weight) == tied
-    seqs = _batch(b)
+    seqs = grpo_batch(b)
     pad = b.pad_id
     assert model.get_input_embeddings().padding_idx == pad
     prompts = [s.prompt_ids for s in seqs]
@@ -68,25 +60,11 @@ def test_gradients_equal_autograds_over_accumulated_passes(tiny_backend, tied):
         assert torch.equal(in_place[name][pad], torch.zeros_like(in_place[name][pad]))
 
 
-def test_a_grpo_round_gives_the_same_rows_and_weights(tiny_backend):
-    """Two optimizer steps of GRPO + SFT with and without the patch, from the same weights: the same step rows
-    and weights to float tolerance."""
-    b = tiny_backend
-    seqs = _batch(b)
-    sft = [Sequence(seqs[1].prompt_ids, seqs[1].completion_ids + [b.tokenizer.eos_token_id], 0.0)]
-    out = []
-    for in_place in (False, True):
-        model = copy.deepcopy(b.model)
-        cfg = TrainConfig(lr=1e-3, kl_coef=0.0, sft_weight=0.5, rows_per_step=2, grads_in_place=in_place)
-        rows = train_round(model, None, seqs, sft, cfg, b.pad_id, seed=1, temperature=0.7)
-        out.append((rows, dict(model.named_parameters())))
-    (rows0, w0), (rows1, w1) = out
-    for r0, r1 in zip(rows0, rows1, strict=True):
-        for k in r0.keys() - {"seconds"}:
-            assert r0[k] == (None if r1[k] is None else pytest.approx(r1[k], rel=1e-5, abs=1e-7)), k
-    for n in w0:
-        assert torch.allclose(w0[n], w1[n], rtol=1e-5, atol=1e-7), n
-    assert any(not torch.equal(w0[n], dict(b.model.named_parameters())[n]) for n in w0)  # it did train
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_grpo_round_gives_the_same_rows_and_weights(tiny_backend, dtype):
+    """Two optimizer steps of GRPO + SFT with and without the patch, from the same weights (fp32, and under
+    bf16 autocast): the same step rows and weights to float tolerance."""
+    assert_trains_alike(tiny_backend, "grads_in_place", dtype)
 
 
 class _Sizes(TorchDispatchMode):
@@ -113,7 +91,7 @@ def test_the_backward_builds_no_vocabulary_sized_tensor(tiny_backend, in_place):
     b = tiny_backend
     model = copy.deepcopy(b.model)
     weight = model.get_input_embeddings().weight
-    seqs = _batch(b)
+    seqs = grpo_batch(b)
     model.zero_grad(set_to_none=False)
     for p in model.parameters():
         p.grad = torch.zeros_like(p)

@@ -5,10 +5,10 @@ import copy
 
 import pytest
 import torch
+from conftest import assert_trains_alike
 
 from models.packed import PackedForward
 from models.recompute import lean_activations, lean_modules, rms_norm
-from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round
 
 
 def _saved_bytes(fn):
@@ -63,35 +63,11 @@ def test_a_layer_gives_the_same_output_and_gradients_and_keeps_less(tiny_backend
     assert kept0 - kept1 >= fewer, (kept0, kept1, fewer)
 
 
-def _batch(b):
-    pa, pb = (b.encode([b.render([{"role": "user", "content": q}])])[0] for q in ("What is 7 * 8?", "Add 3 and 4."))
-    comps = b.encode(["It is 54.", "7 * 8 = 56, so \\boxed{56}", "\\boxed{7}", "3 + 4 = 7"])
-    adv = group_advantages([0.0, 1.0])
-    return [Sequence(pa, comps[0], adv[0]), Sequence(pa, comps[1], adv[1]),
-            Sequence(pb, comps[2], adv[1]), Sequence(pb, comps[3], adv[0])]
-
-
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_train_round_rows_and_weights_match_the_library_forward(tiny_backend, dtype):
     """Two optimizer steps of GRPO + SFT, lean against the library's forward from the same weights (fp32, and
     under bf16 autocast): the same step rows and weights to float tolerance."""
-    b = tiny_backend
-    seqs = _batch(b)
-    sft = [Sequence(seqs[1].prompt_ids, seqs[1].completion_ids + [b.tokenizer.eos_token_id], 0.0)]
-    out = []
-    for lean in (False, True):
-        model = copy.deepcopy(b.model)
-        cfg = TrainConfig(lr=1e-3, kl_coef=0.0, sft_weight=0.5, rows_per_step=2, lean_activations=lean)
-        rows = train_round(model, None, seqs, sft, cfg, b.pad_id, dtype=dtype, seed=1, temperature=0.7)
-        out.append((rows, dict(model.named_parameters())))
-    (rows0, w0), (rows1, w1) = out
-    for r0, r1 in zip(rows0, rows1, strict=True):
-        assert r0.keys() == r1.keys()
-        for k in r0.keys() - {"seconds"}:
-            assert r0[k] == (None if r1[k] is None else pytest.approx(r1[k], rel=1e-5, abs=1e-7)), k
-    for n in w0:
-        assert torch.allclose(w0[n], w1[n], rtol=1e-5, atol=1e-7), n
-    assert any(not torch.equal(w0[n], dict(b.model.named_parameters())[n]) for n in w0)  # it did train
+    assert_trains_alike(tiny_backend, "lean_activations", dtype)
 
 
 def test_the_patch_lasts_only_its_block(tiny_backend):
