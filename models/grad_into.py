@@ -78,7 +78,7 @@ class _LinearInto(torch.autograd.Function):
 
 
 def _embedding_forward(module: torch.nn.Embedding):
-    library = module.forward  # the instance's own (a backend's packed linear, models/packed.py) or its class's
+    library = module.forward  # the instance's own forward, if set, else its class's
 
     def forward(ids: torch.Tensor) -> torch.Tensor:
         if not (torch.is_grad_enabled() and module.weight.requires_grad):
