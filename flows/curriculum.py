@@ -52,8 +52,7 @@ log = logging.getLogger(__name__)
 # teacher answers are keyed by the teacher's name, so a new teacher never reuses the old one's answers;
 # model.batch_size and kv_cache_gib only decide how many sequences decode together, and train.shared_prefix,
 # micro_batch, micro_tokens, lean_activations and grads_in_place only how the same loss is computed and split
-# into passes
-# (equal to float tolerance). A change is recorded on the resumed row.
+# into passes (equal to float tolerance). A change is recorded on the resumed row.
 _RESUMABLE = {"rounds", "max_generated_tokens", "run_id", "store", "model.batch_size", "model.kv_cache_gib",
               "refine.teacher", "refine.teacher_timeout_s",
               "refine.teacher_retries", "refine.teacher_backoff_s", "refine.teacher_concurrency",

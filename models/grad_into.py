@@ -25,6 +25,8 @@ Choices:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -97,7 +99,7 @@ def _head_forward(module: torch.nn.Linear):
     return forward
 
 
-def in_place_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, object]]:
+def in_place_modules(model: torch.nn.Module) -> list[tuple[torch.nn.Module, Callable]]:
     """(module, in-place forward) for `model`'s input embedding and output layer, where the patch is exact."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     out = []
