@@ -155,7 +155,7 @@ def load_model(cfg: ModelConfig) -> Backend:
 def load_backend(policy: str = "default", backend: str = "transformers", device: str = "cpu", dtype: str = "auto",
                  batch_size: int = 64, kv_cache_gib: float = 1.0):
     """A generation backend for `policy`, loaded once per process (weights are read-only between rounds)."""
-    key = (policy, backend, device, dtype, batch_size, kv_cache_gib)
+    key = (policy, backend, device, dtype, batch_size, kv_cache_gib)  # release_model builds the same key
     if key in _LOADED:
         _LOADED[key] = _LOADED.pop(key)  # most recently used last
     else:
@@ -179,6 +179,23 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
         else:
             raise ModelSpecError(f"unknown backend {backend!r}: use transformers, vllm or scripted")
     return _LOADED[key]
+
+
+def loaded_policies() -> list[str]:
+    """The policy specs of this process's loaded backends, least recently used first."""
+    return [key[0] for key in _LOADED]
+
+
+def release_model(cfg: ModelConfig) -> None:
+    """Drop the backend `load_model(cfg)` would return, if one is loaded, and give its memory back: a stage
+    that is done with a policy nobody samples next (evaluation's base model in round 0) frees it now instead
+    of leaving it to the least-recently-used cap (a default-model backend holds about 1 GiB: fp32 weights
+    and their packed copies)."""
+    from models.memory import release_memory
+
+    key = (cfg.policy, cfg.backend, cfg.device, cfg.dtype, cfg.batch_size, cfg.kv_cache_gib)
+    if _LOADED.pop(key, None) is not None:
+        release_memory()
 
 
 def release_backends() -> None:

@@ -24,6 +24,7 @@ from pydantic import Field
 from models.backend import Sampling
 from models.config import Section
 from models.meter import record
+from models.registry import release_model
 from models.sharded import load_generator
 from storage.rounds import prompts, this_round
 from storage.store import Store
@@ -69,7 +70,8 @@ def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int,
                              "predates held-out splits)")
     rows, per_prompt, timeouts = [], [], 0
     for version, spec in versions:
-        backend = load_generator(ctx.model.model_copy(update={"policy": spec}), ctx.scale)
+        model = ctx.model.model_copy(update={"policy": spec})
+        backend = load_generator(model, ctx.scale)
         rendered = [backend.render([ask(t, rollout_cfg.instruction)]) for t in prompts["text"]]
         sampling = Sampling(cfg.temperature, 1.0, rollout_cfg.max_new_tokens, round_seed(cfg.seed, version))
         groups = record("eval", backend.generate(rendered, cfg.n_samples, sampling,
@@ -86,6 +88,9 @@ def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int,
         rows.append({"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": split,
                      "n_prompts": prompts.height, "k": cfg.k, "pass_at_1": sum(p1) / len(p1),
                      "pass_at_k": sum(pk) / len(pk)})
+        if spec != versions[-1][1]:  # the last version is the one the next round samples: only it stays loaded
+            del backend
+            release_model(model)
     store.commit(stage, {"evals": pa.Table.from_pylist(rows), "eval_results": pa.Table.from_pylist(per_prompt)},
                  run_id=ctx.run_id, round=ctx.round)
     report_timeouts(stage, ctx.round, timeouts)
