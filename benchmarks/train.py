@@ -16,6 +16,9 @@ fit in --prompt-tokens, 250) and --prefix-completion-tokens (40) each; the whole
 (old and reference log-probs, forward/backward, AdamW) with `shared_prefix` true against false, at the
 default micro-batch limits. train_prefix_speedup = unshared time / shared time, the median of the repeats'
 ratios (target >= 2.5); the optimizer step alone is reported too.
+Both comparisons train one optimizer step, whose rows would take their old log-probs from the step's own
+forward by default (`first_step_on_policy`); they run with it off, so the old pass stays in the round as in a
+round of several steps and the figures compare with earlier commits' (benchmarks/first_step.py measures it).
 Medians over --repeats with min-max spread; every variant starts from the same weights each repeat.
 --json PATH writes the figures as flat keys (train_prefix_speedup, train_ratio_vs_bare, ...).
 
@@ -153,7 +156,8 @@ def main() -> None:
         del m
         m = copy.deepcopy(base)
         t0 = time.perf_counter()
-        rows = train_round(m, ref, seqs, [], cfg, pad, seed=rep, temperature=0.7)  # rollout.temperature's default
+        rows = train_round(m, ref, seqs, [], cfg, pad, seed=rep, temperature=0.7,  # rollout.temperature's default
+                           first_step_on_policy=False)  # one step here: keep its old pass (see the docstring)
         times["ours_round"].append(time.perf_counter() - t0)
         times["ours_step"].append(rows[0]["seconds"])
         del m
@@ -190,7 +194,7 @@ def prefix_comparison(a, tok, base, ref, pad) -> dict:
             m = copy.deepcopy(base)
             t0 = time.perf_counter()
             rows = train_round(m, ref, seqs, [], cfg.model_copy(update={"shared_prefix": shared}), pad, seed=rep,
-                               temperature=0.7)
+                               temperature=0.7, first_step_on_policy=False)
             times[name].append(time.perf_counter() - t0)
             times[f"{name}_step"].append(rows[0]["seconds"])
             del m

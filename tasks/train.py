@@ -7,7 +7,8 @@
 - LoPE-replaced rollouts (tasks/core/lope.py) were sampled under a perturbed prompt: their old log-probs are taken
   under that prompt, and their ratio is shaped rho / (rho + 0.1) instead of clipped.
 - Old log-probs are recomputed with the training model before the first update, so differences between the
-  sampling backend and the trainer do not bias the ratio.
+  sampling backend and the trainer do not bias the ratio; the first step's rows take them from that step's
+  own forward, detached (tasks/core/grpo.py `first_step_on_policy`: the same weights, no extra pass).
 - Every log-prob that describes the sampling distribution (new and old policy, the KL reference, LoPE's
   behaviour prompt, the entropy) is log_softmax(logits / T) at the rollouts' temperature `rollout.temperature`
   (T = 0 means 1), as verl and TRL compute it; the SFT term on shaped traces is plain likelihood at T = 1.

@@ -16,6 +16,8 @@ QUICK = {
     "sql_confined.py": (["--rows", "3000", "--repeats", "1"], {"group_stats_ratio", "point_filter_sql_s"}),
     "select.py": (["--pool", "3000", "--batch", "64", "--repeats", "1", "--texts", "16"],
                   {"select_kmeans_s", "entropy_own_kmeans", "mean_eps_uniform", "embed_texts_per_s"}),
+    "first_step.py": (["--store", "tests/data/golden/scripted", "--run-id", "scripted", "--model", "tiny-random",
+                       "--repeats", "1"], {"train_first_step_speedup", "first_step_on_s", "first_step_off_s"}),
     "shape.py": (["--model", "tiny-random", "--traces", "2", "--steps", "1", "--max-new-tokens", "8", "--seeds", "2"],
                  {"shape_batched_s", "shape_batched_speedup", "shape_decisions_agree", "shape_decisions"}),
 }
@@ -43,3 +45,13 @@ def test_shape_benchmark_refuses_a_baseline_that_is_not_a_commit(tmp_path):
                            "--baseline", "no-such-ref-xyz"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == f"shape.py: --baseline no-such-ref-xyz is not a commit of {ROOT}"
+
+
+@pytest.mark.slow
+def test_first_step_benchmark_names_a_round_without_rollouts(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "first_step.py"), "--store",
+                           "tests/data/golden/scripted", "--run-id", "scripted", "--round", "99", "--model",
+                           "tiny-random"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1] == ("first_step: no rollouts of run 'scripted' round 99 in "
+                                                    "tests/data/golden/scripted")

@@ -129,6 +129,17 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, mask, lope, eps_low: float =
             "clipped": (clip_active.float() * mask).sum()}
 
 
+def on_policy_or(rows: list[torch.Tensor | None], logp: torch.Tensor, device: str) -> torch.Tensor:
+    """`rows` padded to logp's width, a None row taken from `logp` itself, detached (train_round's
+    first_step_on_policy)."""
+    t = logp.shape[1]
+    known = pad_rows([r if r is not None else torch.zeros(0) for r in rows], t, device)
+    if all(r is not None for r in rows):
+        return known
+    now = torch.tensor([r is None for r in rows], device=device)
+    return torch.where(now[:, None], logp.detach().to(known.dtype), known)
+
+
 def _fused_adamw(params: list[torch.nn.Parameter]) -> bool:
     """AdamW's fused kernel (one pass over each parameter, no foreach temporaries: about 6 s less per step for
     SmolLM2-135M on 2 CPU cores) where torch has it for these tensors: fp32/bf16 on CPU or CUDA."""
@@ -140,7 +151,8 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                 seqs: list[Sequence],
                 sft: list[Sequence], cfg: TrainConfig, pad_id: int,
                 device: str = "cpu", dtype: str = "fp32", seed: int = 0, on_step=None, *,
-                temperature: float, reference_is_policy: bool = False) -> list[dict]:
+                temperature: float, reference_is_policy: bool = False,
+                first_step_on_policy: bool = True) -> list[dict]:
     """One pass of GRPO (+ SFT) over `seqs` (and `sft`), `cfg.rows_per_step` sequences per optimizer step.
     `temperature` is the one `seqs` were sampled at: the ratio, KL, LoPE ratio and entropy use
     log_softmax(logits / temperature). Returns a stats row per step. The model is updated in place.
@@ -149,7 +161,13 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
     `reference_is_policy`: the KL reference is `model` as it starts (round 0, where the policy is the base):
     `ref_model` is ignored and no reference is loaded. A row sampled under its own prompt takes its reference
     log-probs from the old pass, which ran the same weights over the same tokens; only LoPE rows, whose old pass
-    ran their behaviour prompt, get a reference pass of their own (under their plain prompt)."""
+    ran their behaviour prompt, get a reference pass of their own (under their plain prompt).
+    `first_step_on_policy`: the first optimizer step's rows take their old log-probs (and, with
+    `reference_is_policy`, their reference log-probs) from that step's own training forward, detached: no
+    update has happened yet, so the weights are those the old pass would run (its ratio is exactly 1, as
+    on-policy GRPO's first step is). Only LoPE rows, whose old log-probs are under another prompt, still get an
+    old pass. It spares 1/n_steps of the old pass; false: every row gets one (the same loss and gradients to
+    float tolerance: tests/test_grpo_first_step.py)."""
     logprob_temperature(temperature)  # a bad temperature fails here, before any forward pass
     if not seqs and not (sft and cfg.sft_weight > 0):
         return []
@@ -159,12 +177,25 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
     max_tokens = cfg.micro_tokens
     model.eval()
     shared = cfg.shared_prefix
+    order = list(range(len(seqs)))
+    rng.shuffle(order)
+    if cfg.group_steps:  # prompts in the order of their first shuffled row; a prompt's rows next to each other
+        first: dict[tuple[int, ...], int] = {}
+        for k, i in enumerate(order):
+            first.setdefault(tuple(seqs[i].prompt_ids), k)
+        order.sort(key=lambda i: first[tuple(seqs[i].prompt_ids)])
+    # rows whose old log-probs the first step's forward gives (None below: filled in by on_policy_or)
+    current = {i for i in order[: cfg.rows_per_step] if seqs[i].behaviour_ids is None} if first_step_on_policy else set()
     # old log-probs under the prompt each row was sampled with (a LoPE row's behaviour prompt, its own prefix)
-    old = batched_logprobs(model, [s.behaviour_ids or s.prompt_ids for s in seqs], [s.completion_ids for s in seqs],
-                    pad_id, device, dtype, micro, max_tokens, temperature, shared)
+    need = [i for i in range(len(seqs)) if i not in current]
+    old: list[torch.Tensor | None] = [None] * len(seqs)
+    for i, lp in zip(need, batched_logprobs(model, [seqs[i].behaviour_ids or seqs[i].prompt_ids for i in need],
+                                            [seqs[i].completion_ids for i in need], pad_id, device, dtype, micro,
+                                            max_tokens, temperature, shared)):
+        old[i] = lp
     ref = None
     if reference_is_policy and cfg.kl_coef > 0 and seqs:
-        ref = list(old)
+        ref = list(old)  # a row of the first step takes the step's own forward, as for its old log-probs
         lope = [i for i, s in enumerate(seqs) if s.behaviour_ids is not None]
         if lope:
             plain = batched_logprobs(model, [seqs[i].prompt_ids for i in lope], [seqs[i].completion_ids for i in lope],
@@ -176,13 +207,6 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
         ref = batched_logprobs(reference, [s.prompt_ids for s in seqs], [s.completion_ids for s in seqs], pad_id, device,
                         dtype, micro, max_tokens, temperature, shared)
         del reference  # a loaded reference is freed here: it is not needed once its log-probs exist
-    order = list(range(len(seqs)))
-    rng.shuffle(order)
-    if cfg.group_steps:  # prompts in the order of their first shuffled row; a prompt's rows next to each other
-        first: dict[tuple[int, ...], int] = {}
-        for k, i in enumerate(order):
-            first.setdefault(tuple(seqs[i].prompt_ids), k)
-        order.sort(key=lambda i: first[tuple(seqs[i].prompt_ids)])
     n_steps = max(1, -(-len(seqs) // cfg.rows_per_step))
     sft_order = list(range(len(sft))) if cfg.sft_weight > 0 else []
     rng.shuffle(sft_order)
@@ -208,12 +232,11 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                     batch = [seqs[i] for i in idx]
                     logp, mask, ent = logprobs(model, [s.prompt_ids for s in batch], [s.completion_ids for s in batch],
                                                pad_id, device, dtype, True, temperature)
-                    t = logp.shape[1]
                     # the loss and backward outside autocast; the outer context keeps its cache
                     with no_autocast(device):
                         terms = grpo_token_terms(
-                            logp, pad_rows([old[i] for i in idx], t, device),
-                            pad_rows([ref[i] for i in idx], t, device) if ref else None,
+                            logp, on_policy_or([old[i] for i in idx], logp, device),
+                            on_policy_or([ref[i] for i in idx], logp, device) if ref else None,
                             torch.tensor([s.advantage for s in batch], device=device), mask,
                             torch.tensor([s.behaviour_ids is not None for s in batch], device=device),
                             cfg.eps_low, cfg.eps_high, cfg.kl_coef, cfg.kl_clamp)

@@ -1,0 +1,75 @@
+"""The first optimizer step's rows take their old (and, in round 0, reference) log-probs from the step's own
+forward (train_round's first_step_on_policy): the same step rows, gradients and weights as an old pass over
+every row, and an old pass that leaves those rows out (LoPE rows, sampled under another prompt, stay in)."""
+
+import copy
+
+import pytest
+import torch
+from test_prefix import CFG, _batch, _reference, _rows_match
+
+import tasks.core.grpo as grpo
+from tasks.core.grpo import train_round
+
+RTOL, ATOL = 1e-4, 1e-6
+
+
+def _train(b, ref, seqs, cfg, on_policy: bool, reference_is_policy: bool):
+    model = copy.deepcopy(b.model)
+    rows = train_round(model, ref, seqs, [], cfg, b.pad_id, seed=3, temperature=0.7,
+                       reference_is_policy=reference_is_policy, first_step_on_policy=on_policy)
+    return rows, model
+
+
+@pytest.mark.parametrize("shared", [True, False])
+@pytest.mark.parametrize("reference_is_policy", [True, False])
+def test_one_on_policy_step_has_the_full_old_pass_gradients(tiny_backend, shared, reference_is_policy):
+    """One step over the batch (LoPE and lone rows included), the KL against a perturbed reference or against
+    the starting policy itself: the same stats row and gradient on every parameter."""
+    b = tiny_backend
+    seqs, _ = _batch(b)
+    cfg = CFG.model_copy(update={"shared_prefix": shared, "sft_weight": 0.0})
+    ref = None if reference_is_policy else _reference(b)
+    rows_now, model_now = _train(b, ref, seqs, cfg, True, reference_is_policy)
+    rows_old, model_old = _train(b, ref, seqs, cfg, False, reference_is_policy)
+    assert len(rows_now) == 1 and rows_now[0]["kl"] is not None
+    _rows_match(rows_now, rows_old)
+    for (name, p), q in zip(model_now.named_parameters(), model_old.parameters()):
+        assert torch.allclose(p.grad, q.grad, rtol=RTOL, atol=ATOL), (name, (p.grad - q.grad).abs().max())
+
+
+@pytest.mark.parametrize("reference_is_policy", [True, False])
+def test_later_steps_train_as_with_the_full_old_pass(tiny_backend, reference_is_policy):
+    """Three steps at a large learning rate, so the later steps are off-policy and clip: the same step rows, and
+    weights that agree to 1% of one step (AdamW divides by the root of its second moment, so a coordinate whose
+    gradients are float noise moves by up to a share of lr either way)."""
+    b = tiny_backend
+    seqs, _ = _batch(b)
+    cfg = CFG.model_copy(update={"lr": 1e-2, "rows_per_step": 3, "sft_weight": 0.0})
+    ref = None if reference_is_policy else _reference(b)
+    rows_now, model_now = _train(b, ref, seqs, cfg, True, reference_is_policy)
+    rows_old, model_old = _train(b, ref, seqs, cfg, False, reference_is_policy)
+    assert len(rows_now) == 3 and max(r["clip_frac"] for r in rows_now[1:]) > 0
+    _rows_match(rows_now, rows_old)
+    for (name, p), q in zip(model_now.named_parameters(), model_old.parameters()):
+        assert torch.allclose(p, q, rtol=0, atol=1e-4), (name, (p - q).abs().max())
+
+
+def test_the_old_pass_leaves_out_the_first_steps_rows(tiny_backend, monkeypatch):
+    """Rows through the old pass: all 9 without; with it, all but the first step's non-LoPE rows."""
+    b = tiny_backend
+    seqs, _ = _batch(b)
+    counted: list[int] = []
+    real = grpo.batched_logprobs
+
+    def counting(model, prompts, comps, *args):
+        counted.append(len(prompts))
+        return real(model, prompts, comps, *args)
+
+    monkeypatch.setattr(grpo, "batched_logprobs", counting)
+    cfg = CFG.model_copy(update={"rows_per_step": 5, "sft_weight": 0.0, "kl_coef": 0.0})
+    for on_policy in (False, True):
+        counted.clear()
+        _train(b, None, seqs, cfg, on_policy, False)
+        # seed 3's first step of 5 rows holds the batch's one LoPE row, which keeps its old pass: 4 rows leave
+        assert counted == ([len(seqs) - 4] if on_policy else [len(seqs)])
