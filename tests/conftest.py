@@ -141,6 +141,9 @@ def assert_trains_alike(b, flag: str, dtype: str = "fp32") -> None:
         assert r0.keys() == r1.keys()
         for k in r0.keys() - {"seconds"}:
             assert r0[k] == (None if r1[k] is None else pytest.approx(r1[k], rel=1e-5, abs=1e-7)), k
+    # AdamW's first steps move every coordinate by about lr (1e-3) whatever its gradient's size, so float noise in a
+    # near-zero gradient shows at up to 1e-6 (the first step's on-policy ratio, tasks/core/grpo.py, takes its old
+    # log-probs from each arm's own training forward): 1/1000 of one step
     for n in w0:
-        assert torch.allclose(w0[n], w1[n], rtol=1e-5, atol=1e-7), n
+        assert torch.allclose(w0[n], w1[n], rtol=1e-5, atol=1e-6), n
     assert any(not torch.equal(w0[n], dict(b.model.named_parameters())[n]) for n in w0)  # it did train
