@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from flows.prefect_home import prefect_home
+from flows.prefect_home import prefect_home, seed_database
 from flows.run_summary import print_summary
 
 
@@ -29,11 +29,14 @@ class CliError(ValueError):
         self.hint = hint
 
 
-def prepare_prefect(store_uri: str, verbose: bool, console: bool = False) -> None:
+def prepare_prefect(store_uri: str, verbose: bool, console: bool = False, server: bool = True) -> None:
     """Keep Prefect's home and database in a folder the user can see, and its console logs quiet (unless
-    `verbose`, or `console` for a command whose job is to show them)."""
+    `verbose`, or `console` for a command whose job is to show them). `server`: the command runs a flow or
+    a server, so a fresh home gets the migrated empty database (flows/prefect_home.py seed_database)."""
     os.environ["PREFECT_HOME"] = str(prefect_home(store_uri))
     Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    if server:
+        seed_database(Path(os.environ["PREFECT_HOME"]))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
     if not (verbose or console):
@@ -106,7 +109,7 @@ def cmd_import(a: argparse.Namespace) -> int:
 
     if not re.fullmatch(RUN_ID, a.run_id):
         raise CliError(f"--run-id {a.run_id!r}: letters, digits, '_', '.' and '-', starting with a letter or digit")
-    prepare_prefect(a.store, a.verbose)  # tasks.ingest imports prefect
+    prepare_prefect(a.store, a.verbose, server=False)  # tasks.ingest imports prefect
     from storage.store import Store
     from tasks.import_run import import_dump
 
@@ -167,7 +170,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    prepare_prefect(a.store, a.verbose)  # tasks.report imports prefect
+    prepare_prefect(a.store, a.verbose, server=False)  # tasks.report imports prefect
     from storage.store import Store
     from tasks.report import write_report
 
