@@ -18,6 +18,8 @@ QUICK = {
                   {"select_kmeans_s", "entropy_own_kmeans", "mean_eps_uniform", "embed_texts_per_s"}),
     "first_step.py": (["--store", "tests/data/golden/scripted", "--run-id", "scripted", "--model", "tiny-random",
                        "--repeats", "1"], {"train_first_step_speedup", "first_step_on_s", "first_step_off_s"}),
+    "prefect_start.py": (["--repeats", "1"], {"prefect_seeded_speedup", "prefect_first_run_new_s",
+                                               "prefect_first_run_seeded_s"}),
     "shape.py": (["--model", "tiny-random", "--traces", "2", "--steps", "1", "--max-new-tokens", "8", "--seeds", "2"],
                  {"shape_batched_s", "shape_batched_speedup", "shape_decisions_agree", "shape_decisions"}),
 }
