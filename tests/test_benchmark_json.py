@@ -16,6 +16,8 @@ QUICK = {
     "sql_confined.py": (["--rows", "3000", "--repeats", "1"], {"group_stats_ratio", "point_filter_sql_s"}),
     "select.py": (["--pool", "3000", "--batch", "64", "--repeats", "1", "--texts", "16"],
                   {"select_kmeans_s", "entropy_own_kmeans", "mean_eps_uniform", "embed_texts_per_s"}),
+    "decode_attention.py": (["--groups", "2", "--samples", "2", "--prefix", "8", "--suffix", "4", "--calls", "10"],
+                            {"attn_sdpa_ms_P8_S4", "attn_cascade_ms_P8_S4", "attn_cascade_speedup_P8_S4"}),
     "first_step.py": (["--store", "tests/data/golden/scripted", "--run-id", "scripted", "--model", "tiny-random",
                        "--repeats", "1"], {"train_first_step_speedup", "first_step_on_s", "first_step_off_s"}),
     "prefect_start.py": (["--repeats", "1"], {"prefect_seeded_speedup", "prefect_first_run_new_s",
