@@ -71,7 +71,16 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 
+    def _done(self) -> None:
+        """This request stops counting as in flight (once): before its reply is written, since the client may
+        send its next request as soon as it has read the reply, before this thread runs on."""
+        if getattr(self, "_counted", False):
+            with self.server.lock:
+                self.server.in_flight -= 1
+            self._counted = False
+
     def _send(self, status: int, body: bytes, headers: dict | None = None) -> None:
+        self._done()
         self.send_response(status)
         for k, v in {"Content-Length": str(len(body)), **(headers or {})}.items():
             self.send_header(k, v)
@@ -85,11 +94,13 @@ class _Handler(BaseHTTPRequestHandler):
             srv.requests.append((self.path, body, self.headers.get("Authorization")))
             srv.in_flight += 1
             srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
+        self._counted = True
         try:
             if srv.delay_s and srv.closing.wait(srv.delay_s):
                 return
             scripted = srv.script(srv, self.path, body) if srv.script else None
             if scripted == "drop":  # promise a body, send a few bytes of it, hang up
+                self._done()
                 self.send_response(200)
                 self.send_header("Content-Length", "500")
                 self.end_headers()
@@ -112,8 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
             out = {"choices": [dict(choice, index=i) for i in range(body.get("n", 1))]}
             self._send(200, json.dumps(out).encode(), {"Content-Type": "application/json"})
         finally:
-            with srv.lock:
-                srv.in_flight -= 1
+            self._done()
 
 
 def closed_port() -> int:
