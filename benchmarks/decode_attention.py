@@ -1,10 +1,11 @@
-"""A lead, measured: decode-step attention when a group's G samples share their prompt. Not in the decoder yet.
+"""Decode-step attention when a group's G samples share their prompt: SDPA over every row's copy of the prompt
+(the baseline) against the cascade (models/cascade.py), as a kernel and in the decoder.
 
-The decoder (models/hf.py) repeats each prompt's KV cache for its G samples and runs torch's SDPA over every
-row's whole cache (prompt + own tokens). A cascade (the idea of Hydragen, arXiv 2402.05099, and FlashInfer's
-cascade attention) reads each prompt's keys and values once per group: the queries of a group's rows and of a
-KV head's query heads attend to the shared prefix as one matrix product, each row attends to its own tokens
-apart, and the two softmax parts merge by their log-sum-exp. Same result to float rounding (checked here).
+The decoder (models/hf.py) repeats each prompt's KV cache for its G samples; SDPA reads every row's whole cache
+(prompt + own tokens). The cascade (the idea of Hydragen, arXiv 2402.05099, and FlashInfer's cascade attention)
+reads each prompt's keys and values once per group: the queries of a group's rows and of a KV head's query heads
+attend to the shared prefix as one matrix product, each row attends to its own tokens apart, and the two softmax
+parts merge by their log-sum-exp. Same result to float rounding (checked here).
 
 Shapes: --groups prompts x --samples rows each (default 8 x 8, the default rollout batch of 64 rows), SmolLM2's 9
 query heads over 3 KV heads of 64 dims, prompts of --prefix tokens and --suffix tokens generated so far, fp32
@@ -12,11 +13,22 @@ query heads over 3 KV heads of 64 dims, prompts of --prefix tokens and --suffix 
 (the decoder's call: SDPA with `enable_gqa` over a view of a preallocated buffer, as models/decoding.py
 BufferedLayer hands it) side by side with the cascade; x 30 layers gives a decode step's share.
 
-    python benchmarks/decode_attention.py [--groups 8] [--samples 8] [--prefix 100,300] [--suffix 20,60]
-        [--calls 200] [--json PATH]
+With --generate, the same comparison in the decoder: the embedded policy's `generate` (the backend's
+`shared_prompt_attention` on and off, alternating, --repeats each) on the default pool's first 16 questions x
+--samples, 64 new tokens at most, T = 0.7, batch 64: once as collect's plain prompts (about 90 tokens), once
+with four worked examples (each a sentence of reasoning and the boxed answer) before each question as chat
+turns (about 350 tokens: a few-shot prompt). Both
+arms sample the same tokens except where float rounding moves a draw across a boundary, after which that row
+goes its own way (the share of rows sampled alike is reported; tests/test_cascade.py checks equality on the
+tiny model).
+
+    python benchmarks/decode_attention.py [--groups 8] [--samples 8] [--prefix 150,300] [--suffix 20,60]
+        [--calls 200] [--generate] [--repeats 2] [--json PATH]
 
 Figures (--json, flat keys, per prefix P and suffix S): attn_sdpa_ms_P<P>_S<S>, attn_cascade_ms_P<P>_S<S>,
-attn_cascade_speedup_P<P>_S<S>, attn_cascade_max_err_P<P>_S<S>.
+attn_cascade_speedup_P<P>_S<S>, attn_cascade_max_err_P<P>_S<S>; with --generate, for the plain and few-shot
+prompts: gen_<kind>_sdpa_s, gen_<kind>_cascade_s (medians), gen_<kind>_cascade_speedup (the median of the
+repeats' ratios), gen_<kind>_tokens, gen_<kind>_prompt_tokens (median), gen_<kind>_rows_identical.
 """
 
 from __future__ import annotations
@@ -48,45 +60,75 @@ def timed(f, calls: int) -> float:
     return statistics.median(times)
 
 
-def cascade(q, kp, vp, ks, vs, groups: int, samples: int):
-    """Attention of q [B, H, 1, D] (B = groups x samples, a group's rows together) over its group's prefix
-    kp/vp [groups, KV, P, D] and its own tokens ks/vs [B, KV, S, D]."""
-    import torch
+def in_decoder(samples: int, repeats: int) -> dict[str, float]:
+    """The embedded policy's generate with the cascade on and off, on plain and few-shot prompts."""
+    from flows.config import RunConfig
+    from models.backend import Sampling
+    from models.registry import load_backend
+    from tasks.ingest import load_source
 
-    b, h, _, d = q.shape
-    per_kv = h // KV_HEADS
-    scale = d ** -0.5
-    qg = q.view(groups, samples, KV_HEADS, per_kv, d).permute(0, 2, 1, 3, 4).reshape(groups, KV_HEADS, -1, d)
-    sp = torch.matmul(qg, kp.transpose(-1, -2)) * scale  # [groups, KV, samples x per_kv, P]
-    mp = sp.amax(-1, keepdim=True)
-    ep = torch.exp(sp - mp)
-    lp, op = ep.sum(-1, keepdim=True), torch.matmul(ep, vp)
-
-    def rows(t):  # [groups, KV, samples x per_kv, *] -> [B, KV, per_kv, *]
-        return t.view(groups, KV_HEADS, samples, per_kv, -1).permute(0, 2, 1, 3, 4).reshape(b, KV_HEADS, per_kv, -1)
-
-    mp, lp, op = rows(mp), rows(lp), rows(op)
-    ss = torch.matmul(q.view(b, KV_HEADS, per_kv, d), ks.transpose(-1, -2)) * scale  # [B, KV, per_kv, S]
-    ms = ss.amax(-1, keepdim=True)
-    es = torch.exp(ss - ms)
-    ls, os_ = es.sum(-1, keepdim=True), torch.matmul(es, vs)
-    m = torch.maximum(mp, ms)
-    a, c = torch.exp(mp - m), torch.exp(ms - m)
-    return ((op * a + os_ * c) / (lp * a + ls * c)).view(b, h, 1, d)
+    cfg = RunConfig()
+    rows = []
+    for spec in cfg.pool.sources:
+        rows += load_source(spec.source, spec.size, 0, dict(spec.params))[0]
+    step = max(1, len(rows) // 20)
+    picked = rows[::step][:20]
+    questions, demos = picked[:16], picked[16:20]
+    b = load_backend("default", batch_size=64)
+    reasoning = ("Let me work through this carefully, one step at a time, writing down each intermediate result "
+                 "and checking it before moving on, so that no arithmetic slip goes unnoticed. ")
+    worked = [m for d in demos for m in ({"role": "user", "content": f"{d.text}\n{cfg.rollout.instruction}"},
+                                         {"role": "assistant",
+                                          "content": f"{reasoning}The answer is \\boxed{{{d.answer}}}."})]
+    kinds = {"plain": [b.render([{"role": "user", "content": f"{q.text}\n{cfg.rollout.instruction}"}])
+                       for q in questions],
+             "fewshot": [b.render([*worked, {"role": "user", "content": f"{q.text}\n{cfg.rollout.instruction}"}])
+                         for q in questions]}
+    sampling = Sampling(temperature=cfg.rollout.temperature, max_new_tokens=64, seed=0)
+    figures: dict[str, float] = {}
+    for kind, prompts in kinds.items():
+        ids = b.encode(prompts)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        tokens: dict[bool, list] = {}
+        for rep in range(repeats):
+            for share in ((False, True) if rep % 2 == 0 else (True, False)):
+                b.shared_prompt_attention = share
+                t0 = time.perf_counter()
+                out = b.generate_ids(ids, samples, sampling, row_seeds=list(range(len(ids))))
+                times[share].append(time.perf_counter() - t0)
+                tokens[share] = [c.token_ids for cs in out for c in cs]
+        b.shared_prompt_attention = True
+        same = sum(x == y for x, y in zip(tokens[False], tokens[True])) / len(tokens[True])
+        ratios = [x / y for x, y in zip(times[False], times[True])]
+        n_tok = sum(len(t) for t in tokens[True])
+        figures |= {f"gen_{kind}_sdpa_s": statistics.median(times[False]),
+                    f"gen_{kind}_cascade_s": statistics.median(times[True]),
+                    f"gen_{kind}_cascade_speedup": statistics.median(ratios), f"gen_{kind}_tokens": n_tok,
+                    f"gen_{kind}_prompt_tokens": statistics.median(len(x) for x in ids),
+                    f"gen_{kind}_rows_identical": same}
+        print(f"generate, {kind} prompts ({statistics.median(len(x) for x in ids):.0f} tokens, {len(ids)} x "
+              f"{samples}, {n_tok} tokens): SDPA {statistics.median(times[False]):.1f} s "
+              f"({min(times[False]):.1f}-{max(times[False]):.1f}), cascade {statistics.median(times[True]):.1f} s "
+              f"({min(times[True]):.1f}-{max(times[True]):.1f}): {statistics.median(ratios):.2f}x; rows sampled "
+              f"alike {same:.0%}")
+    return figures
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--groups", type=int, default=8)
     ap.add_argument("--samples", type=int, default=8)
-    ap.add_argument("--prefix", default="100,300", help="prompt lengths, comma-separated")
+    ap.add_argument("--prefix", default="150,300", help="prompt lengths, comma-separated")
     ap.add_argument("--suffix", default="20,60", help="tokens generated so far, comma-separated")
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--generate", action="store_true", help="also compare the two in the decoder's generate")
+    ap.add_argument("--repeats", type=int, default=2, help="--generate: runs of each arm")
     ap.add_argument("--json", help="write the figures as flat keys")
     a = ap.parse_args()
     import torch
     import torch.nn.functional as F
 
+    from models.cascade import SharedPrompts
     from models.threads import claim
 
     claim()
@@ -112,8 +154,15 @@ def main() -> None:
             def sdpa(q=q, k=k, v=v, mask=mask):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
-            def casc(q=q, kp=kp, vp=vp, ks=ks, vs=vs):
-                return cascade(q, kp, vp, ks, vs, g, n)
+            shared = SharedPrompts(n)  # the decoder's own cascade (models/cascade.py), prompts added as a merge does
+            shared.add([(kp, vp)], torch.ones(g, p, dtype=torch.bool), shift=0, end=p)
+            shared.step(mask[:, 0, 0, :])
+            if not shared.active:
+                sys.exit(f"decode_attention: {rows} rows over {g} prompts of {p} tokens do not take the cascade "
+                         f"(models/cascade.py MIN_*)")
+
+            def casc(q=q, k=k, v=v, shared=shared):
+                return shared.attend(0, q, k, v, HEAD_DIM ** -0.5).transpose(1, 2)
 
             err = (casc() - sdpa()).abs().max().item()
             t_sdpa, t_casc = timed(sdpa, a.calls), timed(casc, a.calls)
@@ -125,6 +174,8 @@ def main() -> None:
                   f"decode step), max abs difference {err:.1e}")
             if err > 1e-4:
                 sys.exit(f"decode_attention: the cascade differs from SDPA by {err:.2e} at prefix {p}, suffix {s}")
+    if a.generate:
+        figures |= in_decoder(a.samples, a.repeats)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(figures, f, indent=1)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
+from models.cascade import SharedPrompts
+
 M32 = 0xFFFFFFFF
 
 
@@ -169,11 +171,12 @@ class DecodeBatch:
     A freshly prefilled batch (`repeat` > 1) holds each prompt's cache once; merging repeats it per sample.
     """
 
-    def __init__(self, spare: int = 64):
+    def __init__(self, spare: int = 64, shared: SharedPrompts | None = None):
         self.cache = None
         self.rows: list[tuple[int, int]] = []
         self.mask = self.next_pos = self.logits = self.last = None
         self.spare, self.repeat = spare, 1
+        self.shared = shared  # the prompts the rows share, for the cascade attention (models/cascade.py)
 
     @property
     def size(self) -> int:
@@ -187,6 +190,12 @@ class DecodeBatch:
     def merge(self, new: DecodeBatch, rows: list[tuple[int, int]]) -> None:
         """Add the rows of a freshly prefilled batch: one copy of every row's cache into a new buffer."""
         live = self.cache is not None and bool(self.rows)
+        if self.shared is not None:
+            if new.repeat != self.shared.n:
+                raise ValueError(f"shared prompts of {self.shared.n} rows each, merged {new.repeat}")
+            width = max(self.mask.shape[1] if live else 0, new.mask.shape[1])
+            self.shared.add([(layer.keys, layer.values) for layer in new.cache.layers], new.mask[:: new.repeat],
+                            width - self.mask.shape[1] if live else 0, width)
         for i, new_layer in enumerate(new.cache.layers):  # layer by layer, each old buffer freed once copied:
             parts = [(new_layer.keys, new_layer.values, new.repeat)]  # at most one layer's cache held twice
             if live:
@@ -216,6 +225,8 @@ class DecodeBatch:
                     layer.keep_rows(on)
             self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
             self.rows = [self.rows[k] for k in keep]
+            if self.shared is not None:
+                self.shared.keep(idx)
         self.last = sampled[idx]
         if not keep:
             self.cache = None
@@ -226,6 +237,10 @@ class DecodeBatch:
             self.mask = self.mask[:, lead:]
             for layer in self.cache.layers:
                 layer.drop_leading(lead)
+            if self.shared is not None:
+                self.shared.drop_leading(lead)
+        if self.shared is not None:
+            self.shared.step(self.mask)
 
 
 def left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
