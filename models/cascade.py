@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from models.decoding import left_pad
+
 SHARED_KWARG = "shared_prompts"  # the keyword a decode step hands its SharedPrompts to the attention by
 # A step takes the cascade only with at least this many rows, this many per prompt on average, and prompts of
 # this many tokens on average; else SDPA. With few rows left per prompt the cascade reads as much as SDPA and
@@ -94,10 +96,10 @@ class SharedPrompts:
             self.prompt_mask = mask
             return
         width = max(self.prompt_mask.shape[1], mask.shape[1])
-        self.prompt_mask = torch.cat([_left_pad(self.prompt_mask, width), _left_pad(mask, width)])
+        self.prompt_mask = torch.cat([left_pad(self.prompt_mask, width, 1), left_pad(mask, width, 1)])
         for i, (k, v) in enumerate(layers):
-            self.keys[i] = torch.cat([_left_pad(self.keys[i], width), _left_pad(k, width)])
-            self.values[i] = torch.cat([_left_pad(self.values[i], width), _left_pad(v, width)])
+            self.keys[i] = torch.cat([left_pad(self.keys[i], width, 2), left_pad(k, width, 2)])
+            self.values[i] = torch.cat([left_pad(self.values[i], width, 2), left_pad(v, width, 2)])
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep the rows `rows` (indices into the current rows, in order); prompts no row uses any more go."""
@@ -155,17 +157,6 @@ class SharedPrompts:
         a, b = torch.exp(m_p - m), torch.exp(m_s - m)
         out = (o_p * a + o_s * b) / (l_p * a + l_s * b)
         return out.to(query.dtype).reshape(rows, heads, 1, dim).transpose(1, 2)
-
-
-def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
-    """`t` ([G, ..., W] masks or [G, KV, W, D] caches) with zeros (False) before its columns up to `width`."""
-    col = 1 if t.dim() == 2 else 2
-    short = width - t.shape[col]
-    if short <= 0:
-        return t
-    shape = list(t.shape)
-    shape[col] = short
-    return torch.cat([torch.zeros(shape, dtype=t.dtype, device=t.device), t], dim=col)
 
 
 _installed = False

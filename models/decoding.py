@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from models.cascade import SharedPrompts
-
 M32 = 0xFFFFFFFF
 
 
@@ -171,12 +169,12 @@ class DecodeBatch:
     A freshly prefilled batch (`repeat` > 1) holds each prompt's cache once; merging repeats it per sample.
     """
 
-    def __init__(self, spare: int = 64, shared: SharedPrompts | None = None):
+    def __init__(self, spare: int = 64, shared=None):
         self.cache = None
         self.rows: list[tuple[int, int]] = []
         self.mask = self.next_pos = self.logits = self.last = None
         self.spare, self.repeat = spare, 1
-        self.shared = shared  # the prompts the rows share, for the cascade attention (models/cascade.py)
+        self.shared = shared  # a models.cascade.SharedPrompts: the prompts the rows share, for the cascade
 
     @property
     def size(self) -> int:
