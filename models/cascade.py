@@ -51,14 +51,12 @@ class SharedPrompts:
         self.group = torch.zeros(0, dtype=torch.long)  # [B]: each row's prompt
         self.slot = torch.zeros(0, dtype=torch.long)  # [B]: each row's sample index (0..n-1)
         self.end = torch.zeros(0, dtype=torch.long)  # [G]: the batch cache's column where each prompt ends
-        self.row_mask: torch.Tensor | None = None  # [B, W] the batch's attention mask at the current step
         self.active = False  # does the current step take the cascade (`step`)
 
     def step(self, row_mask: torch.Tensor) -> None:
         """A decode step is next, with this attention mask ([B, W], this step's column included): decide whether
         the cascade pays for it, and prepare what every layer's call shares (the rows' own-column window and
         its additive mask, the prompts' additive mask, where each row's queries go)."""
-        self.row_mask = row_mask
         rows = self.group.numel()
         self.active = (rows >= MIN_ROWS and rows >= MIN_ROWS_PER_PROMPT * self.groups
                        and int(self.prompt_mask.sum()) >= MIN_PROMPT_TOKENS * self.groups
@@ -126,7 +124,8 @@ class SharedPrompts:
                scaling: float) -> torch.Tensor:
         """Attention of one query token per row ([B, H, 1, D]) over the row's prompt (from here) and its own
         columns of the batch's cache (`key`/`value` [B, KV, W, D], after this step's column was written);
-        returns [B, 1, H, D] as transformers' attention functions do. `step` ran first."""
+        returns [B, 1, H, D] as transformers' attention functions do. `step` ran first and took the cascade,
+        so the cache and queries are float32."""
         rows, heads, _, dim = query.shape
         kv = key.shape[1]
         per = heads // kv
@@ -139,24 +138,24 @@ class SharedPrompts:
             qg = q.new_zeros(groups, n, kv, per, dim)
             qg[self.group_on, self.slot_on] = q
         qg = qg.permute(0, 2, 1, 3, 4).reshape(groups, kv, n * per, dim)
-        s = torch.matmul(qg, self.keys[layer].transpose(-1, -2)).float() + self.prompt_bias  # [G, KV, n x per, P]
+        s = torch.matmul(qg, self.keys[layer].transpose(-1, -2)) + self.prompt_bias  # [G, KV, n x per, P]
         m_p = s.amax(-1, keepdim=True)
         e = torch.exp(s - m_p)
         l_p = e.sum(-1, keepdim=True)
-        o_p = torch.matmul(e.to(value.dtype), self.values[layer]).float()  # [G, KV, n x per, D]
+        o_p = torch.matmul(e, self.values[layer])  # [G, KV, n x per, D]
         both = torch.cat([o_p, m_p, l_p], -1).view(groups, kv, n, per, dim + 2).permute(0, 2, 1, 3, 4)
         both = both.reshape(rows, kv, per, dim + 2) if self.full else both[self.group_on, self.slot_on]
         o_p, m_p, l_p = both[..., :dim], both[..., dim:dim + 1], both[..., dim + 1:]
         # the row's own part: the columns after its prompt
-        s = torch.matmul(q, key[:, :, self.start:].transpose(-1, -2)).float() + self.own_bias  # [B, KV, per, W']
+        s = torch.matmul(q, key[:, :, self.start:].transpose(-1, -2)) + self.own_bias  # [B, KV, per, W']
         m_s = s.amax(-1, keepdim=True)
         e = torch.exp(s - m_s)
         l_s = e.sum(-1, keepdim=True)
-        o_s = torch.matmul(e.to(value.dtype), value[:, :, self.start:]).float()  # [B, KV, per, D]
+        o_s = torch.matmul(e, value[:, :, self.start:])  # [B, KV, per, D]
         m = torch.maximum(m_p, m_s)
         a, b = torch.exp(m_p - m), torch.exp(m_s - m)
         out = (o_p * a + o_s * b) / (l_p * a + l_s * b)
-        return out.to(query.dtype).reshape(rows, heads, 1, dim).transpose(1, 2)
+        return out.reshape(rows, heads, 1, dim).transpose(1, 2)
 
 
 _installed = False

@@ -188,12 +188,13 @@ class DecodeBatch:
     def merge(self, new: DecodeBatch, rows: list[tuple[int, int]]) -> None:
         """Add the rows of a freshly prefilled batch: one copy of every row's cache into a new buffer."""
         live = self.cache is not None and bool(self.rows)
+        old_width = self.mask.shape[1] if live else 0
+        width = max(old_width, new.mask.shape[1])  # the merged cache's columns, each part right-aligned
         if self.shared is not None:
             if new.repeat != self.shared.n:
                 raise ValueError(f"shared prompts of {self.shared.n} rows each, merged {new.repeat}")
-            width = max(self.mask.shape[1] if live else 0, new.mask.shape[1])
             self.shared.add([(layer.keys, layer.values) for layer in new.cache.layers], new.mask[:: new.repeat],
-                            width - self.mask.shape[1] if live else 0, width)
+                            width - old_width if live else 0, width)
         for i, new_layer in enumerate(new.cache.layers):  # layer by layer, each old buffer freed once copied:
             parts = [(new_layer.keys, new_layer.values, new.repeat)]  # at most one layer's cache held twice
             if live:
@@ -203,7 +204,6 @@ class DecodeBatch:
             new.cache.layers[i] = BufferedLayer.of(parts, self.spare)
             del parts, new_layer
         if live:
-            width = max(self.mask.shape[1], new.mask.shape[1])
             self.mask = torch.cat([left_pad(self.mask, width, 1), left_pad(new.mask, width, 1)])
             self.next_pos = torch.cat([self.next_pos, new.next_pos])
             self.logits = torch.cat([self.logits, new.logits])
