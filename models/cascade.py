@@ -64,7 +64,7 @@ class SharedPrompts:
         if not self.active:
             return
         dev = self.keys[0].device if self.keys else row_mask.device
-        self.full = rows == self.groups * self.n  # no row has left: rows are the [G, n] grid in order
+        self.full = rows == self.groups * self.n and self.in_grid_order()  # rows are the [G, n] grid in order
         self.group_on, self.slot_on = self.group.to(dev), self.slot.to(dev)
         end = self.end.to(dev)[self.group_on]  # [B]
         self.start = int(end.min())  # the oldest prompt's end bounds the window of own columns
@@ -73,6 +73,11 @@ class SharedPrompts:
         self.own_bias = torch.zeros(own.shape, device=dev).masked_fill_(~own, float("-inf"))[:, None, None, :]
         self.prompt_bias = torch.zeros(self.prompt_mask.shape, device=dev).masked_fill_(
             ~self.prompt_mask.to(dev), float("-inf"))[:, None, None, :]
+
+    def in_grid_order(self) -> bool:
+        """Whether row r is slot r % n of group r // n (rows leaving reorder the rest: models/decoding.py)."""
+        grid = torch.arange(self.groups * self.n)
+        return torch.equal(self.group, grid // self.n) and torch.equal(self.slot, grid % self.n)
 
     @property
     def groups(self) -> int:

@@ -6,12 +6,12 @@
   then a division and an argmax: about a quarter of decode time here) and the Gumbel-max trick (one hashed
   uniform per vocabulary entry);
 - `keyed_uniforms` makes that one uniform a pure function of the row's key (seed, sample index, position), so
-  the token a row draws does not depend on which other rows share its batch or in what order they were
-  admitted;
+  the token a row draws does not depend on which other rows share its batch, nor on their order;
 - `DecodeBatch` holds the rows decoding together in one left-padded KV cache, with per-row positions, so
   that rows join (continuous batching) and leave (end of sequence) without changing what any row computes;
 - `BufferedLayer` keeps each layer's cache in a preallocated buffer with spare columns, so a decode step
-  writes one column in place instead of copying the whole cache (what transformers' DynamicLayer does).
+  writes one column in place instead of copying the whole cache (what transformers' DynamicLayer does); rows
+  leaving and joining move or write only their own rows in it, where they fit.
 """
 
 from __future__ import annotations
@@ -84,9 +84,10 @@ class BufferedLayer(DynamicLayer):
     """One attention layer's keys and values for the rows decoding together, in preallocated buffers
     [rows, kv_heads, capacity, head_dim] with spare columns: a decode step writes its column in place (a
     transformers DynamicLayer concatenates, copying the layer's whole cache at every step); dropping leading
-    columns that no row uses any more moves an offset; rows leaving are gathered once into a fresh buffer.
-    `keys` and `values` are views of the columns in use; `update`, `get_seq_length` and `get_mask_sizes` are
-    the calls a decode step makes."""
+    columns that no row uses any more moves an offset; rows leaving are overwritten in place by rows from the
+    end (`move_rows`), so a row leaving copies as many rows as left, not the whole cache. `keys` and `values`
+    are views of the rows and columns in use; `update`, `get_seq_length` and `get_mask_sizes` are the calls a
+    decode step makes."""
 
     is_croppable = False
 
@@ -94,6 +95,7 @@ class BufferedLayer(DynamicLayer):
         super().__init__()
         self.is_initialized = True
         self.kbuf, self.vbuf, self.start, self.end, self.spare = kbuf, vbuf, 0, used, spare
+        self.rows = kbuf.shape[0]  # rows in use: the buffer's first
         self.device = kbuf.device
         self._view()
 
@@ -105,45 +107,56 @@ class BufferedLayer(DynamicLayer):
         width = max(k.shape[2] for k, _, _ in parts)
         rows = sum(k.shape[0] * r for k, _, r in parts)
         kbuf = torch.empty(rows, k0.shape[1], width + spare, k0.shape[3], dtype=k0.dtype, device=k0.device)
-        vbuf = torch.empty_like(kbuf)
-        at = 0
+        layer = cls(kbuf, torch.empty_like(kbuf), width, spare)
+        layer.rows = 0
         for k, v, r in parts:
-            b, h, w, d = k.shape
-            for buf, src in ((kbuf, k), (vbuf, v)):
-                buf[at : at + b * r, :, : width - w].zero_()
-                buf[at : at + b * r, :, width - w : width].view(b, r, h, w, d).copy_(src[:, None].expand(b, r, h, w, d))
-            at += b * r
-        return cls(kbuf, vbuf, width, spare)
+            layer.append_rows(k, v, r)
+        return layer
+
+    def room(self) -> int:
+        """Rows the buffer holds beyond those in use (left by rows that left)."""
+        return self.kbuf.shape[0] - self.rows
+
+    def append_rows(self, keys: torch.Tensor, values: torch.Tensor, repeat: int) -> None:
+        """Rows written in place after those in use, each repeated `repeat` times, right-aligned to the columns
+        in use (left padding zeroed: masked columns must hold finite numbers). They must fit: `room`, and no
+        wider than the columns in use."""
+        b, h, w, d = keys.shape
+        width, at = self.end - self.start, self.rows
+        for buf, src in ((self.kbuf, keys), (self.vbuf, values)):
+            rows = buf[at : at + b * repeat, :, self.start : self.end]
+            rows[:, :, : width - w].zero_()
+            rows[:, :, width - w :].view(b, repeat, h, w, d).copy_(src[:, None].expand(b, repeat, h, w, d))
+        self.rows = at + b * repeat
+        self._view()
 
     def _view(self) -> None:
-        self.keys = self.kbuf[:, :, self.start : self.end]
-        self.values = self.vbuf[:, :, self.start : self.end]
+        self.keys = self.kbuf[: self.rows, :, self.start : self.end]
+        self.values = self.vbuf[: self.rows, :, self.start : self.end]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         q = key_states.shape[2]
         if self.end + q > self.kbuf.shape[2]:  # out of spare columns: move the used ones into a wider buffer
-            self.kbuf, self.vbuf = (self._fresh(t, None, q + self.spare) for t in (self.keys, self.values))
+            self.kbuf, self.vbuf = (self._fresh(t, q + self.spare) for t in (self.keys, self.values))
             self.start, self.end = 0, self.end - self.start
-        self.kbuf[:, :, self.end : self.end + q].copy_(key_states)
-        self.vbuf[:, :, self.end : self.end + q].copy_(value_states)
+        self.kbuf[: self.rows, :, self.end : self.end + q].copy_(key_states)
+        self.vbuf[: self.rows, :, self.end : self.end + q].copy_(value_states)
         self.end += q
         self._view()
         return self.keys, self.values
 
     @staticmethod
-    def _fresh(used: torch.Tensor, rows: torch.Tensor | None, spare: int) -> torch.Tensor:
-        """A new buffer with `used`'s columns (only the rows `rows`, when given) and `spare` columns after them."""
-        n = used.shape[0] if rows is None else len(rows)
-        buf = torch.empty(n, used.shape[1], used.shape[2] + spare, used.shape[3], dtype=used.dtype, device=used.device)
-        if rows is None:
-            buf[:, :, : used.shape[2]].copy_(used)
-        else:
-            torch.index_select(used, 0, rows, out=buf[:, :, : used.shape[2]])
-        return buf
+    def _fresh(used: torch.Tensor, spare: int) -> torch.Tensor:
+        """A new buffer with `used`'s rows and columns and `spare` columns after them."""
+        return torch.cat([used, used.new_empty(*used.shape[:2], spare, used.shape[3])], 2)
 
-    def keep_rows(self, rows: torch.Tensor) -> None:
-        self.kbuf, self.vbuf = (self._fresh(t, rows, self.kbuf.shape[2] - self.end) for t in (self.keys, self.values))
-        self.start, self.end = 0, self.end - self.start
+    def move_rows(self, dst: torch.Tensor, src: torch.Tensor, rows: int) -> None:
+        """Row src[i] is copied over row dst[i] (the columns in use), then the first `rows` rows are the ones in
+        use: rows that left are overwritten by rows from the end, and the buffer keeps its size."""
+        if dst.numel():
+            for t in (self.keys, self.values):
+                t.index_copy_(0, dst, t.index_select(0, src))
+        self.rows = rows
         self._view()
 
     def drop_leading(self, n: int) -> None:
@@ -186,7 +199,8 @@ class DecodeBatch:
         return self.mask.shape[1] if self.rows else 0
 
     def merge(self, new: DecodeBatch, rows: list[tuple[int, int]]) -> None:
-        """Add the rows of a freshly prefilled batch: one copy of every row's cache into a new buffer."""
+        """Add the rows of a freshly prefilled batch: written into the places of rows that left when they fit
+        there (no wider than the batch), else every row's cache copied once into a new buffer."""
         live = self.cache is not None and bool(self.rows)
         old_width = self.mask.shape[1] if live else 0
         width = max(old_width, new.mask.shape[1])  # the merged cache's columns, each part right-aligned
@@ -195,9 +209,13 @@ class DecodeBatch:
                 raise ValueError(f"shared prompts of {self.shared.n} rows each, merged {new.repeat}")
             self.shared.add([(layer.keys, layer.values) for layer in new.cache.layers], new.mask[:: new.repeat],
                             width - old_width if live else 0, width)
-        for i, new_layer in enumerate(new.cache.layers):  # layer by layer, each old buffer freed once copied:
-            parts = [(new_layer.keys, new_layer.values, new.repeat)]  # at most one layer's cache held twice
-            if live:
+        if live and width == old_width and all(layer.room() >= len(rows) for layer in self.cache.layers):
+            for layer, new_layer in zip(self.cache.layers, new.cache.layers):  # into the places rows left
+                layer.append_rows(new_layer.keys, new_layer.values, new.repeat)
+            new.cache = self.cache
+        for i, new_layer in enumerate(new.cache.layers if new.cache is not self.cache else []):
+            parts = [(new_layer.keys, new_layer.values, new.repeat)]  # layer by layer, each old buffer freed once
+            if live:  # copied: at most one layer's cache held twice
                 old, self.cache.layers[i] = self.cache.layers[i], None
                 parts.insert(0, (old.keys, old.values, 1))
                 del old
@@ -214,15 +232,19 @@ class DecodeBatch:
         self.last = None
 
     def select(self, keep: list[int], sampled: torch.Tensor) -> None:
-        """Keep the rows `keep` (finished ones leave the batch and its cache); append their sampled token."""
-        idx = torch.tensor(keep, dtype=torch.long)
+        """Keep the rows `keep` (finished ones leave the batch and its cache); append their sampled token. The
+        rows that stay are reordered (`fill_holes`): rows from the end take the places of rows that left."""
+        order = fill_holes(keep, len(self.rows))
+        idx = torch.tensor(order, dtype=torch.long)
         if len(keep) < len(self.rows):
             if keep:
-                on = idx.to(self.cache.layers[0].keys.device)
+                moved = [k for k, old in enumerate(order) if old != k]
+                dev = self.cache.layers[0].keys.device
+                dst, src = torch.tensor(moved, device=dev), torch.tensor([order[k] for k in moved], device=dev)
                 for layer in self.cache.layers:
-                    layer.keep_rows(on)
+                    layer.move_rows(dst, src, len(keep))
             self.mask, self.next_pos = self.mask[idx], self.next_pos[idx]
-            self.rows = [self.rows[k] for k in keep]
+            self.rows = [self.rows[k] for k in order]
             if self.shared is not None:
                 self.shared.keep(idx)
         self.last = sampled[idx]
@@ -239,6 +261,22 @@ class DecodeBatch:
                 self.shared.drop_leading(lead)
         if self.shared is not None:
             self.shared.step(self.mask)
+
+
+def fill_holes(keep: list[int], total: int) -> list[int]:
+    """The rows `keep` (ascending indices among `total`) in their new order: each keeps its place, except that
+    the places of rows that left, among the first len(keep), go to the kept rows beyond them.
+
+    >>> fill_holes([0, 2, 3], 4), fill_holes([1, 4], 5), fill_holes([0, 1], 3), fill_holes([], 2)
+    ([0, 3, 2], [4, 1], [0, 1], [])
+    """
+    n = len(keep)
+    kept = set(keep)
+    holes = [i for i in range(n) if i not in kept]
+    order = list(range(n))
+    for hole, row in zip(holes, [i for i in keep if i >= n]):
+        order[hole] = row
+    return order
 
 
 def left_pad(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:

@@ -11,6 +11,7 @@ import torch
 import models.cascade as cascade
 from models.backend import Sampling
 from models.cascade import SharedPrompts
+from models.decoding import fill_holes
 
 QUESTIONS = ["What is 7 * 8?", "Add 3 and 4, then explain every step in detail, one by one.", "Count to five.",
              "Name a prime number above 100 and say why it is prime. " * 3, "Solve 2x + 3 = 11. " * 5]
@@ -121,3 +122,30 @@ def test_attend_equals_sdpa_after_a_wider_prompt_merged_and_a_row_left(monkeypat
                                                                attn_mask=mask.bool()[:, None, None, :],
                                                                enable_gqa=True).transpose(1, 2)
         assert torch.allclose(out, ref, atol=1e-6), (out - ref).abs().max()
+
+
+def test_attend_equals_sdpa_after_a_whole_prompt_left_and_rows_moved_into_its_places(monkeypatch):
+    """Prompts A, B, C (2 rows each); A's rows leave, and the decode batch moves C's rows into their places
+    (models/decoding.py fill_holes): rows C0, C1, B0, B1 are whole groups but not in group order, so the step
+    must not take the [G, n] grid's shortcut. Attention equals SDPA over each row's cache."""
+    monkeypatch.setattr(cascade, "MIN_ROWS", 1)
+    monkeypatch.setattr(cascade, "MIN_ROWS_PER_PROMPT", 1)
+    monkeypatch.setattr(cascade, "MIN_PROMPT_TOKENS", 1)
+    torch.manual_seed(1)
+    kv, heads, dim, width = 3, 9, 8, 6
+    prompts = torch.randn(3, 2, 1, kv, width, dim)  # per prompt: keys, values
+    shared = SharedPrompts(n=2)
+    shared.add([(prompts[:, 0].reshape(3, kv, width, dim), prompts[:, 1].reshape(3, kv, width, dim))],
+               torch.ones(3, width), shift=0, end=width)
+    keys = torch.cat([prompts[:, 0].repeat_interleave(2, 0)[:, 0], torch.randn(6, kv, 1, dim)], 2)  # + the step's
+    values = torch.cat([prompts[:, 1].repeat_interleave(2, 0)[:, 0], torch.randn(6, kv, 1, dim)], 2)
+    order = torch.tensor(fill_holes([2, 3, 4, 5], 6))
+    assert order.tolist() == [4, 5, 2, 3]
+    shared.keep(order)
+    keys, values, mask = keys[order], values[order], torch.ones(4, width + 1)
+    shared.step(mask)
+    assert shared.active and not shared.full
+    q = torch.randn(4, heads, 1, dim)
+    out = shared.attend(0, q, keys, values, dim ** -0.5)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, keys, values, enable_gqa=True).transpose(1, 2)
+    assert torch.allclose(out, ref, atol=1e-6), (out - ref).abs().max()

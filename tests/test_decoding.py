@@ -4,7 +4,7 @@ preallocated KV cache checked against plain concatenation."""
 import pytest
 import torch
 
-from models.decoding import BufferedLayer, draw, keyed_uniforms, sample_cdf
+from models.decoding import BufferedLayer, draw, fill_holes, keyed_uniforms, sample_cdf
 
 
 def _grid(n: int) -> torch.Tensor:
@@ -62,8 +62,8 @@ def test_keyed_uniforms_are_a_pure_function_of_the_key_and_spread_evenly():
 
 
 def test_the_buffered_cache_holds_what_concatenation_would():
-    """Merging rows of different widths (with repeats), decode steps, rows leaving, leading columns dropped,
-    and running out of spare columns: the buffered layer's keys and values always equal a reference built
+    """Merging rows of different widths (with repeats), decode steps, rows leaving (moved in place), rows
+    appended where rows left, leading columns dropped, and running out of spare columns: the buffered layer's keys and values always equal a reference built
     with torch.cat and indexing, and a step with spare room writes in place."""
     gen = torch.Generator().manual_seed(2)
 
@@ -88,10 +88,16 @@ def test_the_buffered_cache_holds_what_concatenation_would():
         assert torch.equal(out_k, ref_k) and torch.equal(out_v, ref_v)
         assert (layer.kbuf.data_ptr() == before) == (spare >= 1)
         assert layer.get_seq_length() == ref_k.shape[2] and layer.get_mask_sizes(1) == (ref_k.shape[2] + 1, 0)
-        if step == 1:
-            rows = torch.tensor([0, 3, 7])
-            layer.keep_rows(rows)
-            ref_k, ref_v = ref_k[rows], ref_v[rows]
+        if step == 0:  # rows 1, 2, 4, 5 and 6 of 8 leave: 3 and 7 take the places of 1 and 2, in place
+            order, buffer = fill_holes([0, 3, 7], 8), layer.kbuf.data_ptr()
+            layer.move_rows(torch.tensor([1, 2]), torch.tensor(order[1:]), 3)
+            ref_k, ref_v = ref_k[order], ref_v[order]
+            assert layer.room() == 5
+            k3, v3 = kv(1, 4)  # a prompt prefilled later, narrower: its 2 rows go where rows left, in place
+            layer.append_rows(k3, v3, 2)
+            ref_k = torch.cat([ref_k, pad(k3, ref_k.shape[2]).repeat_interleave(2, 0)])
+            ref_v = torch.cat([ref_v, pad(v3, ref_v.shape[2]).repeat_interleave(2, 0)])
+            assert layer.kbuf.data_ptr() == buffer and layer.kbuf.shape[0] == 8 and layer.room() == 3
         if step == 2:
             layer.drop_leading(2)
             ref_k, ref_v = ref_k[:, :, 2:], ref_v[:, :, 2:]
