@@ -209,18 +209,19 @@ class DecodeBatch:
                 raise ValueError(f"shared prompts of {self.shared.n} rows each, merged {new.repeat}")
             self.shared.add([(layer.keys, layer.values) for layer in new.cache.layers], new.mask[:: new.repeat],
                             width - old_width if live else 0, width)
-        if live and width == old_width and all(layer.room() >= len(rows) for layer in self.cache.layers):
+        if live and width == old_width and self.cache.layers[0].room() >= len(rows):  # every layer has that room
             for layer, new_layer in zip(self.cache.layers, new.cache.layers):  # into the places rows left
                 layer.append_rows(new_layer.keys, new_layer.values, new.repeat)
-            new.cache = self.cache
-        for i, new_layer in enumerate(new.cache.layers if new.cache is not self.cache else []):
-            parts = [(new_layer.keys, new_layer.values, new.repeat)]  # layer by layer, each old buffer freed once
-            if live:  # copied: at most one layer's cache held twice
-                old, self.cache.layers[i] = self.cache.layers[i], None
-                parts.insert(0, (old.keys, old.values, 1))
-                del old
-            new.cache.layers[i] = BufferedLayer.of(parts, self.spare)
-            del parts, new_layer
+        else:
+            for i, new_layer in enumerate(new.cache.layers):  # layer by layer, each old buffer freed once copied:
+                parts = [(new_layer.keys, new_layer.values, new.repeat)]  # at most one layer's cache held twice
+                if live:
+                    old, self.cache.layers[i] = self.cache.layers[i], None
+                    parts.insert(0, (old.keys, old.values, 1))
+                    del old
+                new.cache.layers[i] = BufferedLayer.of(parts, self.spare)
+                del parts, new_layer
+            self.cache = new.cache
         if live:
             self.mask = torch.cat([left_pad(self.mask, width, 1), left_pad(new.mask, width, 1)])
             self.next_pos = torch.cat([self.next_pos, new.next_pos])
@@ -228,7 +229,6 @@ class DecodeBatch:
             self.rows += rows
         else:
             self.mask, self.next_pos, self.logits, self.rows = new.mask, new.next_pos, new.logits, list(rows)
-        self.cache = new.cache
         self.last = None
 
     def select(self, keep: list[int], sampled: torch.Tensor) -> None:
