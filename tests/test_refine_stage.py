@@ -24,9 +24,9 @@ class CountingTeacher:
     def render(self, messages):
         return self.backend.render(messages)
 
-    def generate(self, prompts, n, sampling, progress=None):
+    def generate(self, prompts, n, sampling, progress=None, row_seeds=None):
         self.calls += len(prompts)
-        return self.backend.generate(prompts, n, sampling)
+        return self.backend.generate(prompts, n, sampling, row_seeds=row_seeds)
 
 
 def _seed_round(store, run_id, prompts, rewards):
@@ -149,7 +149,7 @@ class ScriptedTeacher(CountingTeacher):
         super().__init__(backend)
         self.reply, self.name = reply, "scripted"
 
-    def generate(self, prompts, n, sampling, progress=None):
+    def generate(self, prompts, n, sampling, progress=None, row_seeds=None):
         from models.backend import Completion
 
         self.calls += len(prompts)
@@ -220,7 +220,7 @@ class RewritingTeacher(CountingTeacher):
         super().__init__(backend)
         self.replies, self.name = replies, "rewriting"
 
-    def generate(self, prompts, n, sampling, progress=None):
+    def generate(self, prompts, n, sampling, progress=None, row_seeds=None):
         from models.backend import Completion
 
         self.calls += len(prompts)
@@ -290,9 +290,9 @@ class RecordingTeacher(CountingTeacher):
         super().__init__(backend)
         self.asked: list[str] = []
 
-    def generate(self, prompts, n, sampling, progress=None):
+    def generate(self, prompts, n, sampling, progress=None, row_seeds=None):
         self.asked += prompts
-        return super().generate(prompts, n, sampling)
+        return super().generate(prompts, n, sampling, row_seeds=row_seeds)
 
 
 def test_the_teacher_sees_the_students_own_attempts_not_lope_rescues(store, tiny_backend):
@@ -322,3 +322,20 @@ def test_the_teacher_sees_the_students_own_attempts_not_lope_rescues(store, tiny
     assert len(teacher.asked) == 1
     assert "I think 0" in teacher.asked[0] and "I think 1" in teacher.asked[0]
     assert "RESCUED" not in teacher.asked[0]
+
+
+def test_a_teacher_answer_does_not_depend_on_what_is_asked_with_it(tmp_path, tiny_backend):
+    """Keyed sampling per call key: asked alone, or in a batch with others in another order, a prompt gets
+    the same answer (before, a batch drew from one seed in row order)."""
+    from storage.store import Store
+    from tasks.strategies.teacher_calls import ask_teacher
+
+    payloads = {f"k{i}": f"Problem {i}: what is {i} + {i}?" for i in range(5)}
+    answers = []
+    for name, keys in (("batch", ["k0", "k1", "k2", "k3", "k4"]), ("alone", ["k3"]), ("other", ["k4", "k3", "k1"])):
+        cache: dict = {}
+        fresh, failed = ask_teacher(Store(tmp_path / name), tiny_backend, {k: payloads[k] for k in keys}, cache,
+                                    12, temperature=1.0)
+        assert fresh == set(keys) and not failed
+        answers.append(cache["k3"])
+    assert answers[0] == answers[1] == answers[2] and answers[0]

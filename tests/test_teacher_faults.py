@@ -89,9 +89,9 @@ def test_local_teacher_lands_batch_by_batch(store, tiny_backend):
         def render(self, messages):
             return tiny_backend.render(messages)
 
-        def generate(self, prompts, n, sampling, progress=None):
+        def generate(self, prompts, n, sampling, progress=None, row_seeds=None):
             self.batches.append((len(prompts), len(_landed_keys(store))))  # (asked, landed before this call)
-            return tiny_backend.generate(prompts, n, sampling)
+            return tiny_backend.generate(prompts, n, sampling, row_seeds=row_seeds)
 
     teacher = Counting()
     fresh, failed = ask_teacher(store, teacher, {f"k{i}": f"Say {i}." for i in range(5)}, {}, 4)
@@ -111,8 +111,8 @@ def test_a_slow_local_batch_still_lands_as_one_commit(store, tiny_backend, monke
         def render(self, messages):
             return tiny_backend.render(messages)
 
-        def generate(self, prompts, n, sampling, progress=None):
-            return tiny_backend.generate(prompts, n, sampling)
+        def generate(self, prompts, n, sampling, progress=None, row_seeds=None):
+            return tiny_backend.generate(prompts, n, sampling, row_seeds=row_seeds)
 
     fresh, _ = ask_teacher(store, Teacher(), {f"k{i}": f"Say {i}." for i in range(6)}, {}, 4)
     assert len(fresh) == 6 and sum(r["stage"].startswith("teacher-") for r in store.records()) == 2

@@ -11,7 +11,10 @@ Choices, and why:
   batch (its efficient unit, and one commit whatever its timing), so a crash costs at most those last answers
   and a rerun never pays twice.
 - A failed call is not cached: a later stage or run asks again.
-- Each batch is sampled with a seed drawn from the keys asked together, so a rerun asks exactly the same.
+- Each answer is sampled with noise keyed by its own call key (keyed sampling, `row_seeds`): the same answer
+  whatever else is asked in its batch and however the decoder orders and drops rows, so a rerun, a resumed
+  stage and a faster decoder ask exactly the same. (Before, a batch drew from one seed in row order, so an
+  answer depended on its batch and on the decoder's bookkeeping.)
 - The budget (models/meter.py, purpose `teacher`) counts every answer a call uses, from the cache or fresh,
   by the tokens stored with it (`n_tokens`): an answer is part of what the method costs whether this process,
   a killed attempt of it, or another run on the store generated it, so a resumed stage and an arm that
@@ -37,7 +40,7 @@ from tasks.core.ids import KEY_HEX, digest, seed_of
 
 LAND_EVERY_S = 2.0  # answers that returned within this long land as one commit: a commit per answer would
                    # cost a Parquet file and a commit record each, for no safety a crash could notice
-BATCH_SEED_HEX = 7  # hex digits of the keys' digest that seed a batch (as first written: stored answers used it)
+SEED_HEX = 7  # hex digits of a call key's digest that seed its answer
 
 
 @runtime_checkable
@@ -104,16 +107,19 @@ def _ask(teacher: Teacher, payloads: dict[str, str], missing: list[str], landing
     def messages(key: str) -> list[dict]:
         return [{"role": "user", "content": payloads[key]}]
 
-    def sampling(keys: list[str]) -> Sampling:  # seeded by the keys asked together: a rerun asks the same
-        return Sampling(temperature, 1.0, max_new_tokens, seed_of("".join(keys), BATCH_SEED_HEX))
+    def seed(key: str) -> int:  # each answer's own seed: a rerun asks the same, whatever its batch
+        return seed_of(key, SEED_HEX)
 
     if isinstance(teacher, Endpoint):
-        teacher.ask({k: (messages(k), sampling([k])) for k in missing}, on_answer)
+        teacher.ask({k: (messages(k), Sampling(temperature, 1.0, max_new_tokens, seed(k))) for k in missing},
+                    on_answer)
     else:
         step = max(1, int(getattr(teacher, "batch_size", 0) or len(missing)))
         for i in range(0, len(missing), step):
             batch = missing[i : i + step]
-            groups = teacher.generate([teacher.render(messages(k)) for k in batch], 1, sampling(batch))
+            groups = teacher.generate([teacher.render(messages(k)) for k in batch], 1,
+                                      Sampling(temperature, 1.0, max_new_tokens, seed(batch[0])),
+                                      row_seeds=[seed(k) for k in batch])
             landing.returned += [(k, g[0].text.strip(), g[0].n_tokens)  # a batch lands whole
                                  for k, g in zip(batch, groups)]
             landing.land()
