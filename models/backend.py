@@ -62,6 +62,11 @@ class Completion:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "stop"  # "stop" (end of sequence) | "length" (hit max_new_tokens)
+    # the end-of-sequence token that ended a "stop" completion and its log-prob at the sampling temperature,
+    # where the backend reports them (transformers, vLLM); not part of token_ids/logprobs. MCMC shaping's
+    # proposal density q(s') is the sampled tokens' log-probs plus this one (tasks/core/mcmc.py)
+    stop_token: int | None = None
+    stop_logprob: float | None = None
 
     @property
     def n_tokens(self) -> int:

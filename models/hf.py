@@ -172,6 +172,7 @@ class TransformersBackend:
         tokens: dict[tuple[int, int], list[int]] = {}
         lps: dict[tuple[int, int], list[float]] = {}
         finish: dict[tuple[int, int], str] = {}
+        stops: dict[tuple[int, int], tuple[int, float]] = {}  # the end token a row stopped on, and its log-prob
         share = self.shared_prompt_attention and n > 1  # the rows of a prompt share its cache (models/cascade.py)
         run = DecodeBatch(spare=min(sampling.max_new_tokens, 128), shared=SharedPrompts(n) if share else None)
         step_kwargs = {SHARED_KWARG: run.shared} if share else {}
@@ -196,6 +197,7 @@ class TransformersBackend:
             for k, key in enumerate(run.rows):
                 if done[k]:
                     finish[key] = "stop"
+                    stops[key] = (tok[k].item(), tok_lp[k])
                     continue
                 tokens.setdefault(key, []).append(tok[k].item())
                 lps.setdefault(key, []).append(tok_lp[k])
@@ -218,7 +220,8 @@ class TransformersBackend:
         for i in range(len(prompts)):
             toks = [tokens.get((i, j), []) for j in range(n)]
             texts = self.tokenizer.batch_decode(toks, skip_special_tokens=True)
-            out.append([Completion(texts[j], toks[j], lps.get((i, j), []), finish[(i, j)]) for j in range(n)])
+            out.append([Completion(texts[j], toks[j], lps.get((i, j), []), finish[(i, j)], *stops.get((i, j), (None, None)))
+                        for j in range(n)])
         return out
 
     def rows_within(self, width: int, max_new_tokens: int) -> int:

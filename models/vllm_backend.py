@@ -165,10 +165,12 @@ class VLLMBackend:
             for c in sorted(o.outputs, key=lambda c: c.index):
                 toks = list(c.token_ids)
                 lps = [c.logprobs[i][t].logprob for i, t in enumerate(toks)] if c.logprobs is not None else []
+                stop = (None, None)
                 if toks and toks[-1] in self.eos_ids:  # the end token is not part of a completion (models/hf.py)
+                    stop = (toks[-1], lps[-1] if len(lps) == len(toks) else None)
                     toks, lps = toks[:-1], lps[:-1]
                 text = self.tokenizer.decode(toks, skip_special_tokens=True)
-                group.append(Completion(text, toks, lps, "length" if c.finish_reason == "length" else "stop"))
+                group.append(Completion(text, toks, lps, "length" if c.finish_reason == "length" else "stop", *stop))
             result.append(group)
             if progress:
                 progress(n)

@@ -218,3 +218,76 @@ def test_a_reference_cut_at_the_trace_cap_is_not_shaped_nor_trained_on(store):
     # with an 8-token limit every move of the short trace is rejected, and counted: its scripted suffixes
     # (14+ tokens) are cut, or its cut point leaves an old suffix longer than 8 (irreversible)
     assert out["cut_proposals"] + out["irreversible"] == 2 and short["accept_rate"] == 0
+
+
+@pytest.fixture(scope="module")
+def stopping_tiny():
+    """The tiny random model with a bias towards end-of-sequence on its output layer, so that its samples
+    stop by themselves (the plain tiny model practically never does): proposals complete, and the
+    sampler's own log-probs serve as q(s' | c, y_<i)."""
+    import torch
+
+    from models.hf import TransformersBackend
+    from models.registry import resolve
+
+    b = TransformersBackend(resolve("tiny-random"), dtype="fp32", batch_size=16)
+    old = b.model.get_output_embeddings()
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.zero_()
+        head.bias[b.eos_ids[0]] = 9.0  # about 1 in 6 tokens ends the sample
+    b.model.set_output_embeddings(head)
+    return b
+
+
+def test_a_stopped_sample_reports_its_end_token_and_log_prob(stopping_tiny):
+    """The transformers backend reports the end token a sample stopped on and its log-prob: with the
+    sampled tokens' log-probs they are the full-sequence score of tokens + end token."""
+    b = stopping_tiny
+    x = b.encode([b.render([{"role": "user", "content": QUESTION}])])[0]
+    out = b.generate_ids([x, x[:-3]], 6, Sampling(1.0, 1.0, 40, 3), row_seeds=[11, 12])
+    stopped = [c for g in out for c in g if c.finish_reason == "stop"]
+    assert len(stopped) >= 6
+    assert all(c.stop_token in b.eos_ids and c.stop_logprob is not None for c in stopped)
+    assert all(c.stop_token is None for g in out for c in g if c.finish_reason == "length")
+    prompts = [p for p, g in zip([x, x[:-3]], out) for c in g if c.finish_reason == "stop"]
+    scored = b.score_ids(prompts, [list(c.token_ids) + [c.stop_token] for c in stopped])
+    for c, s in zip(stopped, scored):
+        assert list(c.logprobs) + [c.stop_logprob] == pytest.approx(s, abs=1e-4)
+
+
+def test_mh_takes_q_of_the_proposal_from_the_sampler(stopping_tiny, monkeypatch):
+    """Through the transformers backend, a move's q(s' | c, y_<i) is the proposal's own log-probs: one score
+    row fewer per scored move (pi(s'), q(s)), and every decision agrees with the MH formula recomputed from
+    full-sequence scores of the chain's own draws."""
+    b = stopping_tiny
+    traces, x, c, y = _setup(b, 40, lambda ids: True, start=LONG)
+    rows_scored = []
+    score = b.score_ids
+
+    def counting(prompts, comps, **kw):
+        rows_scored.append(len(prompts))
+        return score(prompts, comps, **kw)
+
+    monkeypatch.setattr(b, "score_ids", counting)
+    shape_traces(b, traces, steps=1, variant="mh", max_new_tokens=LIMIT)
+    monkeypatch.undo()
+    moves = []
+    for t in traces:
+        rng = random.Random(t.rng_seed)
+        i, u, seed = rng.randrange(len(y)), rng.random(), rng.getrandbits(31)
+        if len(y) - i > LIMIT:
+            continue  # irreversible: rejected before generating
+        g = b.generate_ids([c + y[:i]], 1, Sampling(1.0, 1.0, LIMIT, 0), row_seeds=[seed])[0][0]
+        if g.finish_reason == "stop" and len(g.token_ids) < LIMIT:
+            moves.append((t, i, u, list(g.token_ids) + [g.stop_token]))
+    assert len(moves) >= 4
+    assert rows_scored == [len(traces), 2 * len(moves)]  # the start traces, then pi(s') and q(s) per move
+    for t, i, u, s_new in moves:
+        pi_new, pi_old = b.score_ids([x, x], [y[:i] + s_new, y])
+        q_old, q_new = b.score_ids([c + y[:i]] * 2, [y[i:], s_new])
+        log_a = (sum(pi_new) - sum(pi_old)) + (sum(q_old) - sum(q_new)) + math.log(len(y) / (i + len(s_new)))
+        assert t.decisions[0] == (math.log(u) < min(0.0, log_a))
+        assert t.ids == (y[:i] + s_new if t.decisions[0] else y)
+    assert any(t.decisions[0] for t, *_ in moves)

@@ -27,7 +27,10 @@ and an incomplete trace is not in the target's support. Each trace counts its re
 
 Batched: every step makes ONE generate call for all traces' proposals and ONE score call for their terms.
 π(s | x, y_<i) of the current trace comes from a per-trace cache of its token log-probs, so only the new
-suffix is scored under π. All randomness (cut points, acceptance uniforms, the suffix tokens via keyed
+suffix is scored under π. q(s' | c, y_<i) is the proposal's own log-probs as it sampled s' (T = 1, no
+nucleus: exactly the density s' was drawn from), end-of-sequence token included, where the backend reports
+that token and its log-prob (transformers, vLLM: `Completion.stop_token`); elsewhere (the scripted
+backend) s' is scored like s. The suffix ends in the end token the proposal actually stopped on. All randomness (cut points, acceptance uniforms, the suffix tokens via keyed
 sampling) is drawn per trace, so a trace's chain is the same batched or alone (`shape_traces(batched=False)`).
 Traces are token ids, ending in end-of-sequence when complete; scores include that token.
 """
@@ -120,14 +123,17 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
                                               Sampling(1.0, 1.0, max_new_tokens, step),  # T = 1: kappa samples pi_ref
                                               row_seeds=[seeds[k] for k in movable])) if movable else []
     news: list[tuple[list[int], list[int]] | None] = [None] * len(traces)
+    q_sampled: dict[int, list[float]] = {}  # q(s' | c, y_<i) as the proposal drew s', end token included
     for k, g in zip(movable, out):
         t, i, c = traces[k], cuts[k], g[0]
-        suffix = list(c.token_ids) + [eos_ids[0]]
+        suffix = list(c.token_ids) + [c.stop_token if c.stop_token is not None else eos_ids[0]]
         if c.finish_reason != "stop" or not proposable(suffix, eos_ids, max_new_tokens):
             t.rejected_cut += 1  # cut by the limit: not a complete trace
             continue
         new = t.ids[:i] + suffix
         news[k] = (new, suffix) if t.in_c(new) else None
+        if c.stop_logprob is not None and len(c.logprobs) == len(c.token_ids):
+            q_sampled[k] = list(c.logprobs) + [c.stop_logprob]
     live = [k for k, n in enumerate(news) if n is not None]
     score_p, score_c = [], []
     for k in live:
@@ -135,8 +141,11 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
         score_p += [t.prompt_ids + t.ids[:i]]  # pi(s' | x, y_<i)
         score_c += [suffix]
         if variant == "mh":
-            score_p += [t.context_ids + t.ids[:i], t.context_ids + t.ids[:i]]  # q(s | c, y_<i), q(s' | c, y_<i)
-            score_c += [t.ids[i:], suffix]
+            score_p += [t.context_ids + t.ids[:i]]  # q(s | c, y_<i)
+            score_c += [t.ids[i:]]
+            if k not in q_sampled:  # q(s' | c, y_<i), where the sampler did not report it
+                score_p += [t.context_ids + t.ids[:i]]
+                score_c += [suffix]
     scored = backend.score_ids(score_p, score_c) if score_p else []
     at = 0
     for k, (t, i, u) in enumerate(zip(traces, cuts, us)):
@@ -147,8 +156,9 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
         pi_new = scored[at]
         new_lp = t.lp[:i] + pi_new
         if variant == "mh":
-            q_old, q_new = scored[at + 1], scored[at + 2]
-            at += 3
+            q_old = scored[at + 1]
+            q_new = q_sampled[k] if k in q_sampled else scored[at + 2]
+            at += 2 if k in q_sampled else 3
             log_a = mh_log_accept(sum(pi_new), sum(t.lp[i:]), sum(q_old), sum(q_new), len(t.ids), len(new))
             accept = math.log(max(u, 1e-300)) < min(0.0, log_a)
         else:
