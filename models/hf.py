@@ -31,8 +31,7 @@ batch to its longest prompt. Here
 - decode steps of a prompt's n > 1 samples attend to the prompt once per group (models/cascade.py: 1.20x
   faster `generate` over 388-token few-shot prompts on 2 AVX2 cores) where that pays; SDPA elsewhere;
 - `score` runs the decoder once and applies the 49k-wide output layer in chunks, so logits never
-  materialise for a whole batch at once; rows of very different lengths go in separate batches
-  (models/score_batches.py), so a short row is not padded to a long one's width.
+  materialise for a whole batch at once.
 It runs over 300 lines because the decode loop, its prefill and scoring share one loaded model's state.
 Log-probs (models/backend.py): `generate` reports log_softmax(logits / T) of each sampled token at the
 sampling temperature (T = 1 for greedy, top-p not applied), the distribution the trainer's ratios need;
@@ -54,7 +53,6 @@ from models import cascade, packed
 from models.backend import Completion, Sampling, end_ids, logprob_temperature
 from models.cascade import SHARED_KWARG, SharedPrompts
 from models.decoding import M32, DecodeBatch, cache_kwarg, draw, keyed_uniforms
-from models.score_batches import padded_batches
 
 log = logging.getLogger("refinery.models")
 
@@ -272,9 +270,10 @@ class TransformersBackend:
             if c and not p:  # its first token would be read off position -1, the row's last (padding)
                 raise ValueError(f"score: prompt {i} is empty, so its completion's first token has no context")
         out: list[list[float]] = [[] for _ in prompt_ids]
-        rows = [i for i in range(len(prompt_ids)) if completion_ids[i]]  # nothing to score: no forward
-        for batch in padded_batches([len(prompt_ids[i]) + len(completion_ids[i]) for i in rows], self.batch_size):
-            chunk = [rows[k] for k in batch]
+        order = sorted((i for i in range(len(prompt_ids)) if completion_ids[i]),  # nothing to score: no forward
+                       key=lambda i: len(prompt_ids[i]) + len(completion_ids[i]))
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
             for i, lp in zip(chunk, self._score_batch([prompt_ids[i] for i in chunk],
                                                       [completion_ids[i] for i in chunk], temperature)):
                 out[i] = lp

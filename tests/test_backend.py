@@ -271,24 +271,3 @@ def test_the_kv_budget_counts_the_caches_real_size(tiny_backend):
     batch = b._prefill(b.encode(_render(b, PROMPTS[:1])), 1)
     held = sum(t.numel() * t.element_size() for layer in batch.cache.layers for t in (layer.keys, layer.values))
     assert held == batch.mask.shape[1] * b.kv_bytes_per_token
-
-
-def test_rows_of_very_different_lengths_are_scored_in_separate_batches(tiny_backend, monkeypatch):
-    """A short row is not padded to a long one's width (models/score_batches.py), and each row's log-probs
-    are what it gets scored alone."""
-    b = tiny_backend
-    short = b.encode(_render(b, PROMPTS[:1]))[0]
-    prompts = [short, short * 4, short, short * 4]
-    comps = b.encode(["The answer is 5.", "56, since 7 * 8 = 56", "so 5", "5"])
-    alone = [b.score_ids([p], [c])[0] for p, c in zip(prompts, comps)]
-    widths, real = [], b._score_batch
-
-    def recording(p, c, temperature):
-        widths.append([len(x) + len(y) for x, y in zip(p, c)])
-        return real(p, c, temperature)
-
-    monkeypatch.setattr(b, "_score_batch", recording)
-    together = b.score_ids(prompts, comps)
-    assert len(widths) == 2 and all(max(w) <= 1.25 * min(w) for w in widths)
-    for x, y in zip(alone, together):
-        assert len(x) == len(y) and torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
