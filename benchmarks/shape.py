@@ -80,22 +80,34 @@ def shape_once(b, traces: list, steps: int, variant: str, max_new_tokens: int, b
     from tasks.core.mcmc import shape_traces
 
     work = {"generated": 0, "decode_steps": 0}
-    orig = b.generate_ids
 
-    def counting(*args, **kw):
-        out = orig(*args, **kw)
+    def count(out: list) -> None:
         lens = [len(c.token_ids) + (c.finish_reason == "stop") for g in out for c in g]
         work["generated"] += sum(lens)
         work["decode_steps"] += max(lens, default=0)
+
+    def counting(*args, **kw):
+        out = orig(*args, **kw)
+        count(out)
         return out
 
+    def counting_fused(*args, **kw):  # generate_and_score_ids: (completions, scores), where a commit has it
+        out = orig_fused(*args, **kw)
+        count(out[0])
+        return out
+
+    orig, orig_fused = b.generate_ids, getattr(b, "generate_and_score_ids", None)
     b.generate_ids = counting
+    if orig_fused is not None:
+        b.generate_and_score_ids = counting_fused
     try:
         t0 = time.perf_counter()
         shape_traces(b, traces, steps, variant, max_new_tokens, batched=batched)
         seconds = time.perf_counter() - t0
     finally:
-        b.generate_ids = orig
+        del b.generate_ids
+        if orig_fused is not None:
+            del b.generate_and_score_ids
     return {"seconds": seconds, **work, "decisions": [t.decisions for t in traces],
             "irreversible": sum(t.rejected_irreversible for t in traces),
             "cut": sum(t.rejected_cut for t in traces), "accepted": sum(t.accepted for t in traces)}

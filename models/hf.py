@@ -31,7 +31,10 @@ batch to its longest prompt. Here
 - decode steps of a prompt's n > 1 samples attend to the prompt once per group (models/cascade.py: 1.20x
   faster `generate` over 388-token few-shot prompts on 2 AVX2 cores) where that pays; SDPA elsewhere;
 - `score` runs the decoder once and applies the 49k-wide output layer in chunks, so logits never
-  materialise for a whole batch at once.
+  materialise for a whole batch at once;
+- `generate_and_score_ids` (MCMC shaping) runs each prompt's given continuation in the prompt's own prefill,
+  reads its log-probs and crops its columns from the cache before sampling: the prompt is computed once for
+  the proposal and the reverse move's score.
 It runs over 300 lines because the decode loop, its prefill and scoring share one loaded model's state.
 Log-probs (models/backend.py): `generate` reports log_softmax(logits / T) of each sampled token at the
 sampling temperature (T = 1 for greedy, top-p not applied), the distribution the trainer's ratios need;
@@ -155,13 +158,28 @@ class TransformersBackend:
         keyed sampling, as in `generate_ids`."""
         return self.generate_ids(self.encode(prompts), n, sampling, progress, row_seeds)
 
-    @torch.no_grad()
     def generate_ids(self, ids: list[list[int]], n: int, sampling: Sampling,
                      progress: Callable[[int], None] | None = None,
                      row_seeds: list[int] | None = None) -> list[list[Completion]]:
         """`generate` on token ids. With `row_seeds` (one per prompt), sample j of prompt i draws its noise
         from (row_seeds[i], j, position) alone, so its tokens do not depend on what else is in the batch:
         the same draws batched or one at a time (MCMC shaping relies on this)."""
+        return self._generate(ids, n, sampling, progress, row_seeds)[0]
+
+    def generate_and_score_ids(self, ids: list[list[int]], after: list[list[int]], sampling: Sampling,
+                               row_seeds: list[int] | None = None) -> tuple[list[list[Completion]], list[list[float]]]:
+        """`generate_ids(ids, 1, ...)` and `score_ids(ids, after)` in one: each prompt's prefill also runs its
+        `after` tokens (teacher-forced) and reads their log-probs at T = 1, then drops their columns from the
+        KV cache before sampling, so the prompt is computed once for both (MCMC's proposal and the reverse
+        move's q(s | c, y_<i) share it)."""
+        if len(after) != len(ids):
+            raise ValueError(f"generate_and_score: {len(ids)} prompts but {len(after)} continuations to score")
+        return self._generate(ids, 1, sampling, None, row_seeds, after)
+
+    @torch.no_grad()
+    def _generate(self, ids: list[list[int]], n: int, sampling: Sampling, progress: Callable[[int], None] | None,
+                  row_seeds: list[int] | None, after: list[list[int]] | None = None,
+                  ) -> tuple[list[list[Completion]], list[list[float]]]:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if row_seeds is not None and len(row_seeds) != len(ids):
@@ -173,6 +191,7 @@ class TransformersBackend:
         lps: dict[tuple[int, int], list[float]] = {}
         finish: dict[tuple[int, int], str] = {}
         stops: dict[tuple[int, int], tuple[int, float]] = {}  # the end token a row stopped on, and its log-prob
+        after_lp: dict[int, list[float]] = {}
         share = self.shared_prompt_attention and n > 1  # the rows of a prompt share its cache (models/cascade.py)
         run = DecodeBatch(spare=min(sampling.max_new_tokens, 128), shared=SharedPrompts(n) if share else None)
         step_kwargs = {SHARED_KWARG: run.shared} if share else {}
@@ -185,7 +204,9 @@ class TransformersBackend:
             if queue and (free >= admit_at or run.size == 0):
                 take = max(1, free // n)  # an empty batch takes a prompt's n samples even over the budget
                 batch, queue = queue[:take], queue[take:]
-                run.merge(self._prefill([ids[i] for i in batch], n), [(i, j) for i in batch for j in range(n)])
+                new, scored = self._prefill([ids[i] for i in batch], n, [after[i] for i in batch] if after else None)
+                after_lp.update(zip(batch, scored))
+                run.merge(new, [(i, j) for i in batch for j in range(n)])
             if row_seeds is None:
                 u = torch.rand(run.size, generator=gen, dtype=torch.float64)
             else:
@@ -222,34 +243,55 @@ class TransformersBackend:
             texts = self.tokenizer.batch_decode(toks, skip_special_tokens=True)
             out.append([Completion(texts[j], toks[j], lps.get((i, j), []), finish[(i, j)], *stops.get((i, j), (None, None)))
                         for j in range(n)])
-        return out
+        return out, [after_lp.get(i, []) for i in range(len(prompts))]
 
     def rows_within(self, width: int, max_new_tokens: int) -> int:
         """Rows that may decode together: `batch_size`, fewer when rows `width` columns wide, plus the
         `max_new_tokens` columns each may still grow, would hold more KV cache than `kv_cache_gib`."""
         return min(self.batch_size, int(self.kv_cache_bytes // ((width + max_new_tokens) * self.kv_bytes_per_token)))
 
-    def _prefill(self, prompt_ids: list[list[int]], n: int) -> DecodeBatch:
-        """Run the prompts once (left-padded); each one's KV cache is shared out to its n samples on merging."""
+    def _prefill(self, prompt_ids: list[list[int]], n: int,
+                 after: list[list[int]] | None = None) -> tuple[DecodeBatch, list[list[float]]]:
+        """Run the prompts once (left-padded); each one's KV cache is shared out to its n samples on merging.
+        With `after`: each prompt's continuation runs in the same forward (right-padded after the prompt,
+        which stays in the last prompt column), its tokens' log-probs at T = 1 are read, and its columns are
+        cropped from the cache, so sampling starts after the prompt as without it."""
         from transformers import DynamicCache
 
         width = max(len(p) for p in prompt_ids)
-        input_ids = torch.full((len(prompt_ids), width), self.pad_id, dtype=torch.long)
+        extra = max((len(a) for a in after), default=0) if after else 0
+        input_ids = torch.full((len(prompt_ids), width + extra), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(input_ids)
         for r, p in enumerate(prompt_ids):  # left padding: every row's next token goes in the last column
-            input_ids[r, width - len(p):] = torch.tensor(p)
-            mask[r, width - len(p):] = 1
+            input_ids[r, width - len(p):width] = torch.tensor(p)
+            mask[r, width - len(p):width] = 1
+            if extra and after[r]:
+                input_ids[r, width:width + len(after[r])] = torch.tensor(after[r])
+                mask[r, width:width + len(after[r])] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
+        scored: list[list[float]] = [[] for _ in prompt_ids] if after else []
         with autocast(self.device, self.dtype):
-            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                                position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1,
-                                **{self.cache_kwarg: cache}).logits[:, -1].float()
+            if extra:
+                hidden = self.model.get_decoder()(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                                  position_ids=pos.to(self.device), use_cache=True,
+                                                  **{self.cache_kwarg: cache}).last_hidden_state
+                logits = self._head(hidden[:, width - 1]).float()
+                flat = self._token_log_probs(hidden, *targets_after(after, width - 1), 1.0)
+                at = 0
+                for r, a in enumerate(after):
+                    scored[r], at = flat[at : at + len(a)], at + len(a)
+                cache.crop(-extra)
+                mask, pos = mask[:, :width], pos[:, :width]
+            else:
+                logits = self.model(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                    position_ids=pos.to(self.device), use_cache=True, logits_to_keep=1,
+                                    **{self.cache_kwarg: cache}).logits[:, -1].float()
         b = DecodeBatch()
         b.cache, b.mask, b.next_pos, b.logits, b.repeat = cache, mask, pos[:, -1:] + 1, logits, n
         if n > 1:  # the cache is repeated when it is merged into the running batch (one copy)
             b.logits, b.mask, b.next_pos = (t.repeat_interleave(n, 0) for t in (b.logits, b.mask, b.next_pos))
-        return b
+        return b, scored
 
     # ---- scoring -------------------------------------------------------------------------------------------
     def score(self, prompts: list[str], completions: list[str]) -> list[list[float]]:
@@ -287,24 +329,46 @@ class TransformersBackend:
         for r, s in enumerate(seqs):
             ids[r, : len(s)] = torch.tensor(s)
             mask[r, : len(s)] = 1
-        decoder, head = self.model.get_decoder(), self.model.get_output_embeddings()
         with autocast(self.device, self.dtype):
-            hidden = decoder(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).last_hidden_state
+            hidden = self.model.get_decoder()(input_ids=ids.to(self.device),
+                                              attention_mask=mask.to(self.device)).last_hidden_state
         # positions whose next token is a completion token: row r, positions len(p)-1 .. len(p)+len(c)-2
         rows, cols, targets = [], [], []
         for r, (p, c) in enumerate(zip(prompts, comps)):
             rows += [r] * len(c)
             cols += range(len(p) - 1, len(p) + len(c) - 1)
             targets += c
-        rows_t, cols_t, tgt = torch.tensor(rows, dtype=torch.long), torch.tensor(cols, dtype=torch.long), torch.tensor(targets)
-        flat = []
-        for k in range(0, len(rows), self.score_chunk_tokens):
-            h = hidden[rows_t[k : k + self.score_chunk_tokens], cols_t[k : k + self.score_chunk_tokens]].float()
-            logits = head(h).float() if head.weight.dtype == torch.float32 else head(h.to(head.weight.dtype)).float()
-            flat.append(F.log_softmax(logits / temperature, -1).gather(1, tgt[k : k + self.score_chunk_tokens, None].to(logits.device))[:, 0])
-        flat_t = torch.cat(flat).cpu().tolist() if flat else []
+        flat_t = self._token_log_probs(hidden, rows, cols, targets, temperature)
         out, at = [], 0
         for c in comps:
             out.append(flat_t[at : at + len(c)])
             at += len(c)
         return out
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """The output layer in full precision (fp32 hidden states into an fp32 layer, or cast to its dtype)."""
+        head = self.model.get_output_embeddings()
+        return head(h.float()).float() if head.weight.dtype == torch.float32 else head(h.to(head.weight.dtype)).float()
+
+    def _token_log_probs(self, hidden: torch.Tensor, rows: list[int], cols: list[int], targets: list[int],
+                         temperature: float) -> list[float]:
+        """log_softmax(head(hidden[row, col]) / T)[target] for each (row, col, target), the output layer
+        applied `score_chunk_tokens` positions at a time."""
+        rows_t, cols_t, tgt = (torch.tensor(x, dtype=torch.long) for x in (rows, cols, targets))
+        flat = []
+        for k in range(0, len(rows), self.score_chunk_tokens):
+            logits = self._head(hidden[rows_t[k : k + self.score_chunk_tokens], cols_t[k : k + self.score_chunk_tokens]])
+            flat.append(F.log_softmax(logits / temperature, -1)
+                        .gather(1, tgt[k : k + self.score_chunk_tokens, None].to(logits.device))[:, 0])
+        return torch.cat(flat).cpu().tolist() if flat else []
+
+
+def targets_after(after: list[list[int]], last_prompt_col: int) -> tuple[list[int], list[int], list[int]]:
+    """(rows, columns, targets) of continuations right after a prompt ending in column `last_prompt_col`: token
+    k of row r's continuation is predicted at column last_prompt_col + k."""
+    rows, cols, targets = [], [], []
+    for r, a in enumerate(after):
+        rows += [r] * len(a)
+        cols += range(last_prompt_col, last_prompt_col + len(a))
+        targets += a
+    return rows, cols, targets

@@ -276,6 +276,9 @@ class ScriptedBackend(TransformersBackend):
                  for p, s in zip(prompts, seeds)]
         return self._completions(ids, texts, sampling, progress)
 
+    def generate_and_score_ids(self, ids, after, sampling, row_seeds=None):  # the script's, not the model's, samples
+        return self.generate_ids(ids, 1, sampling, row_seeds=row_seeds), self.score_ids(ids, after)
+
     def _completions(self, prompt_ids: list[list[int]], texts: list[list[str]], sampling: Sampling,
                      progress: Callable[[int], None] | None) -> list[list[Completion]]:
         max_new_tokens = sampling.max_new_tokens

@@ -268,6 +268,26 @@ def test_the_kv_budget_bounds_the_rows_decoding_together_without_changing_them(t
 def test_the_kv_budget_counts_the_caches_real_size(tiny_backend):
     """kv_bytes_per_token is what a prefilled cache holds per token and row: layers x (keys, values)."""
     b = tiny_backend
-    batch = b._prefill(b.encode(_render(b, PROMPTS[:1])), 1)
+    batch, _ = b._prefill(b.encode(_render(b, PROMPTS[:1])), 1)
     held = sum(t.numel() * t.element_size() for layer in batch.cache.layers for t in (layer.keys, layer.values))
     assert held == batch.mask.shape[1] * b.kv_bytes_per_token
+
+
+def test_generate_and_score_samples_as_generate_and_scores_as_score(tiny_backend):
+    """The fused prefill (MCMC's proposal with the reverse move's q): the same keyed samples as
+    `generate_ids`, and each prompt's continuation scored as `score_ids` scores it, for continuations of
+    different lengths (one empty) after prompts of different lengths."""
+    b = tiny_backend
+    prompts = b.encode(_render(b, PROMPTS))
+    after = b.encode(["The answer is 5.", "56", ""])
+    s = Sampling(1.0, 1.0, 12, 5)
+    fused, scores = b.generate_and_score_ids(prompts, after, s, row_seeds=[3, 4, 5])
+    plain = b.generate_ids(prompts, 1, s, row_seeds=[3, 4, 5])
+    assert [g[0].token_ids for g in fused] == [g[0].token_ids for g in plain]
+    for f, p in zip(fused, plain):
+        assert torch.allclose(torch.tensor(f[0].logprobs), torch.tensor(p[0].logprobs), atol=1e-5)
+    assert scores[2] == []
+    for x, y in zip(scores, b.score_ids(prompts, after)):
+        assert len(x) == len(y) and torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
+    with pytest.raises(ValueError, match="3 prompts but 2 continuations"):
+        b.generate_and_score_ids(prompts, after[:2], s)

@@ -258,9 +258,9 @@ def test_a_stopped_sample_reports_its_end_token_and_log_prob(stopping_tiny):
 
 
 def test_mh_takes_q_of_the_proposal_from_the_sampler(stopping_tiny, monkeypatch):
-    """Through the transformers backend, a move's q(s' | c, y_<i) is the proposal's own log-probs: one score
-    row fewer per scored move (pi(s'), q(s)), and every decision agrees with the MH formula recomputed from
-    full-sequence scores of the chain's own draws."""
+    """Through the transformers backend, a move's q(s' | c, y_<i) is the proposal's own log-probs and
+    q(s | c, y_<i) comes from the proposal's prefill: one score row per scored move (pi(s')), and every decision
+    agrees with the MH formula recomputed from full-sequence scores of the chain's own draws."""
     b = stopping_tiny
     traces, x, c, y = _setup(b, 40, lambda ids: True, start=LONG)
     rows_scored = []
@@ -283,7 +283,7 @@ def test_mh_takes_q_of_the_proposal_from_the_sampler(stopping_tiny, monkeypatch)
         if g.finish_reason == "stop" and len(g.token_ids) < LIMIT:
             moves.append((t, i, u, list(g.token_ids) + [g.stop_token]))
     assert len(moves) >= 4
-    assert rows_scored == [len(traces), 2 * len(moves)]  # the start traces, then pi(s') and q(s) per move
+    assert rows_scored == [len(traces), len(moves)]  # the start traces, then pi(s') per move
     for t, i, u, s_new in moves:
         pi_new, pi_old = b.score_ids([x, x], [y[:i] + s_new, y])
         q_old, q_new = b.score_ids([c + y[:i]] * 2, [y[i:], s_new])

@@ -30,7 +30,9 @@ Batched: every step makes ONE generate call for all traces' proposals and ONE sc
 suffix is scored under π. q(s' | c, y_<i) is the proposal's own log-probs as it sampled s' (T = 1, no
 nucleus: exactly the density s' was drawn from), end-of-sequence token included, where the backend reports
 that token and its log-prob (transformers, vLLM: `Completion.stop_token`); elsewhere (the scripted
-backend) s' is scored like s. The suffix ends in the end token the proposal actually stopped on. All randomness (cut points, acceptance uniforms, the suffix tokens via keyed
+backend) s' is scored like s. The suffix ends in the end token the proposal actually stopped on.
+q(s | c, y_<i) is read off the proposal's own prefill where the backend offers `generate_and_score_ids`
+(transformers: the prompt c, y_<i is computed once for both), and scored with π otherwise. All randomness (cut points, acceptance uniforms, the suffix tokens via keyed
 sampling) is drawn per trace, so a trace's chain is the same batched or alone (`shape_traces(batched=False)`).
 Traces are token ids, ending in end-of-sequence when complete; scores include that token.
 """
@@ -105,6 +107,23 @@ def proposable(suffix: list[int], eos_ids: list[int], max_new_tokens: int) -> bo
             and not any(tok in eos_ids for tok in suffix[:-1]))
 
 
+def propose(backend: TokenBackend, traces: list[Trace], movable: list[int], cuts: list[int], seeds: list[int],
+            step: int, max_new_tokens: int, reverse: bool) -> tuple[list, dict[int, list[float]]]:
+    """The proposals of the `movable` traces (T = 1: kappa samples pi_ref, keyed per trace) and, with
+    `reverse` (MH), the old suffixes' q(s | c, y_<i) where the backend scores them in the proposal's own
+    prefill (`generate_and_score_ids`), {trace index: log-probs}; elsewhere they are scored with pi."""
+    if not movable:
+        return [], {}
+    prompts = [traces[k].context_ids + traces[k].ids[:cuts[k]] for k in movable]
+    sampling = Sampling(1.0, 1.0, max_new_tokens, step)
+    fused = getattr(backend, "generate_and_score_ids", None) if reverse else None
+    if fused is None:
+        return record("mcmc", backend.generate_ids(prompts, 1, sampling, row_seeds=[seeds[k] for k in movable])), {}
+    out, q_old = fused(prompts, [traces[k].ids[cuts[k]:] for k in movable], sampling,
+                       row_seeds=[seeds[k] for k in movable])
+    return record("mcmc", out), dict(zip(movable, q_old))
+
+
 def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, max_new_tokens: int,
           eos_ids: list[int]) -> None:
     """One MCMC step for every trace: one batched generate call, one batched score call."""
@@ -119,9 +138,7 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
                if variant != "mh" or proposable(t.ids[i:], eos_ids, max_new_tokens)]
     for k in set(range(len(traces))) - set(movable):
         traces[k].rejected_irreversible += 1
-    out = record("mcmc", backend.generate_ids([traces[k].context_ids + traces[k].ids[:cuts[k]] for k in movable], 1,
-                                              Sampling(1.0, 1.0, max_new_tokens, step),  # T = 1: kappa samples pi_ref
-                                              row_seeds=[seeds[k] for k in movable])) if movable else []
+    out, q_old_of = propose(backend, traces, movable, cuts, seeds, step, max_new_tokens, variant == "mh")
     news: list[tuple[list[int], list[int]] | None] = [None] * len(traces)
     q_sampled: dict[int, list[float]] = {}  # q(s' | c, y_<i) as the proposal drew s', end token included
     for k, g in zip(movable, out):
@@ -141,8 +158,9 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
         score_p += [t.prompt_ids + t.ids[:i]]  # pi(s' | x, y_<i)
         score_c += [suffix]
         if variant == "mh":
-            score_p += [t.context_ids + t.ids[:i]]  # q(s | c, y_<i)
-            score_c += [t.ids[i:]]
+            if k not in q_old_of:  # q(s | c, y_<i), where the proposal's prefill did not score it
+                score_p += [t.context_ids + t.ids[:i]]
+                score_c += [t.ids[i:]]
             if k not in q_sampled:  # q(s' | c, y_<i), where the sampler did not report it
                 score_p += [t.context_ids + t.ids[:i]]
                 score_c += [suffix]
@@ -156,9 +174,15 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
         pi_new = scored[at]
         new_lp = t.lp[:i] + pi_new
         if variant == "mh":
-            q_old = scored[at + 1]
-            q_new = q_sampled[k] if k in q_sampled else scored[at + 2]
-            at += 2 if k in q_sampled else 3
+            at += 1
+            if k in q_old_of:
+                q_old = q_old_of[k]
+            else:
+                q_old, at = scored[at], at + 1
+            if k in q_sampled:
+                q_new = q_sampled[k]
+            else:
+                q_new, at = scored[at], at + 1
             log_a = mh_log_accept(sum(pi_new), sum(t.lp[i:]), sum(q_old), sum(q_new), len(t.ids), len(new))
             accept = math.log(max(u, 1e-300)) < min(0.0, log_a)
         else:
