@@ -32,8 +32,9 @@ nucleus: exactly the density s' was drawn from), end-of-sequence token included,
 that token and its log-prob (transformers, vLLM: `Completion.stop_token`); elsewhere (the scripted
 backend) s' is scored like s. The suffix ends in the end token the proposal actually stopped on.
 q(s | c, y_<i) is read off the proposal's own prefill where the backend offers `generate_and_score_ids`
-(transformers: the prompt c, y_<i is computed once for both), and scored with π otherwise. All randomness (cut points, acceptance uniforms, the suffix tokens via keyed
-sampling) is drawn per trace, so a trace's chain is the same batched or alone (`shape_traces(batched=False)`).
+(transformers: the prompt c, y_<i is computed once for both), and goes into the score call otherwise. All
+randomness (cut points, acceptance uniforms, the suffix tokens via keyed sampling) is drawn per trace, so a
+trace's chain is the same batched or alone (`shape_traces(batched=False)`).
 Traces are token ids, ending in end-of-sequence when complete; scores include that token.
 """
 
@@ -111,7 +112,7 @@ def propose(backend: TokenBackend, traces: list[Trace], movable: list[int], cuts
             step: int, max_new_tokens: int, reverse: bool) -> tuple[list, dict[int, list[float]]]:
     """The proposals of the `movable` traces (T = 1: kappa samples pi_ref, keyed per trace) and, with
     `reverse` (MH), the old suffixes' q(s | c, y_<i) where the backend scores them in the proposal's own
-    prefill (`generate_and_score_ids`), {trace index: log-probs}; elsewhere they are scored with pi."""
+    prefill (`generate_and_score_ids`), {trace index: log-probs}; elsewhere the score call scores them."""
     if not movable:
         return [], {}
     prompts = [traces[k].context_ids + traces[k].ids[:cuts[k]] for k in movable]
