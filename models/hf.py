@@ -276,8 +276,9 @@ class TransformersBackend:
                 hidden = self.model.get_decoder()(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                                                   position_ids=pos.to(self.device), use_cache=True,
                                                   **{self.cache_kwarg: cache}).last_hidden_state
-                logits = self._head(hidden[:, width - 1]).float()
-                flat = self._token_log_probs(hidden, *targets_after(after, width - 1), 1.0)
+                logits = self._head(hidden[:, width - 1]).float()  # under autocast, as `generate_ids`' prefill
+                with no_autocast(self.device):  # scores in full precision, as `score_ids`
+                    flat = self._token_log_probs(hidden, *targets_after(after, width - 1), 1.0)
                 at = 0
                 for r, a in enumerate(after):
                     scored[r], at = flat[at : at + len(a)], at + len(a)

@@ -330,7 +330,7 @@ def test_a_teacher_answer_does_not_depend_on_what_is_asked_with_it(tmp_path, tin
     from storage.store import Store
     from tasks.strategies.teacher_calls import ask_teacher
 
-    payloads = {f"k{i}": f"Problem {i}: what is {i} + {i}?" for i in range(5)}
+    payloads = {f"k{i}": f"Problem {i}: what is {i} + {i}?" + " Think it through." * i for i in range(5)}  # widths differ
     answers = []
     for name, keys in (("batch", ["k0", "k1", "k2", "k3", "k4"]), ("alone", ["k3"]), ("other", ["k4", "k3", "k1"])):
         cache: dict = {}
