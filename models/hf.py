@@ -278,10 +278,7 @@ class TransformersBackend:
                                                   **{self.cache_kwarg: cache}).last_hidden_state
                 logits = self._head(hidden[:, width - 1]).float()  # under autocast, as `generate_ids`' prefill
                 with no_autocast(self.device):  # scores in full precision, as `score_ids`
-                    flat = self._token_log_probs(hidden, *targets_after(after, width - 1), 1.0)
-                at = 0
-                for r, a in enumerate(after):
-                    scored[r], at = flat[at : at + len(a)], at + len(a)
+                    scored = self._continuation_log_probs(hidden, [width - 1] * len(after), after, 1.0)
                 cache.crop(-extra)
                 mask, pos = mask[:, :width], pos[:, :width]
             else:
@@ -333,43 +330,29 @@ class TransformersBackend:
         with autocast(self.device, self.dtype):
             hidden = self.model.get_decoder()(input_ids=ids.to(self.device),
                                               attention_mask=mask.to(self.device)).last_hidden_state
-        # positions whose next token is a completion token: row r, positions len(p)-1 .. len(p)+len(c)-2
-        rows, cols, targets = [], [], []
-        for r, (p, c) in enumerate(zip(prompts, comps)):
-            rows += [r] * len(c)
-            cols += range(len(p) - 1, len(p) + len(c) - 1)
-            targets += c
-        flat_t = self._token_log_probs(hidden, rows, cols, targets, temperature)
-        out, at = [], 0
-        for c in comps:
-            out.append(flat_t[at : at + len(c)])
-            at += len(c)
-        return out
+        return self._continuation_log_probs(hidden, [len(p) - 1 for p in prompts], comps, temperature)
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """The output layer in full precision (fp32 hidden states into an fp32 layer, or cast to its dtype)."""
         head = self.model.get_output_embeddings()
         return head(h.float()).float() if head.weight.dtype == torch.float32 else head(h.to(head.weight.dtype)).float()
 
-    def _token_log_probs(self, hidden: torch.Tensor, rows: list[int], cols: list[int], targets: list[int],
-                         temperature: float) -> list[float]:
-        """log_softmax(head(hidden[row, col]) / T)[target] for each (row, col, target), the output layer
-        applied `score_chunk_tokens` positions at a time."""
-        rows_t, cols_t, tgt = (torch.tensor(x, dtype=torch.long) for x in (rows, cols, targets))
+    def _continuation_log_probs(self, hidden: torch.Tensor, last_prompt_cols: list[int], conts: list[list[int]],
+                                temperature: float) -> list[list[float]]:
+        """Per-token log-probs at T of each row's continuation `conts[r]`, whose prompt ends in column
+        `last_prompt_cols[r]` of `hidden`: token k is predicted at column last_prompt_cols[r] + k. The output
+        layer is applied `score_chunk_tokens` positions at a time, so logits never materialise for a whole batch."""
+        rows = torch.tensor([r for r, c in enumerate(conts) for _ in c], dtype=torch.long)
+        cols = torch.tensor([last + k for last, c in zip(last_prompt_cols, conts) for k in range(len(c))], dtype=torch.long)
+        tgt = torch.tensor([t for c in conts for t in c], dtype=torch.long)
         flat = []
         for k in range(0, len(rows), self.score_chunk_tokens):
-            logits = self._head(hidden[rows_t[k : k + self.score_chunk_tokens], cols_t[k : k + self.score_chunk_tokens]])
+            logits = self._head(hidden[rows[k : k + self.score_chunk_tokens], cols[k : k + self.score_chunk_tokens]])
             flat.append(F.log_softmax(logits / temperature, -1)
                         .gather(1, tgt[k : k + self.score_chunk_tokens, None].to(logits.device))[:, 0])
-        return torch.cat(flat).cpu().tolist() if flat else []
-
-
-def targets_after(after: list[list[int]], last_prompt_col: int) -> tuple[list[int], list[int], list[int]]:
-    """(rows, columns, targets) of continuations right after a prompt ending in column `last_prompt_col`: token
-    k of row r's continuation is predicted at column last_prompt_col + k."""
-    rows, cols, targets = [], [], []
-    for r, a in enumerate(after):
-        rows += [r] * len(a)
-        cols += range(last_prompt_col, last_prompt_col + len(a))
-        targets += a
-    return rows, cols, targets
+        flat_t = torch.cat(flat).cpu().tolist() if flat else []
+        out, at = [], 0
+        for c in conts:
+            out.append(flat_t[at : at + len(c)])
+            at += len(c)
+        return out
