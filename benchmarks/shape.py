@@ -96,10 +96,18 @@ def shape_once(b, traces: list, steps: int, variant: str, max_new_tokens: int, b
         count(out[0])
         return out
 
+    def counting_states(*args, **kw):  # generate_from_states (chains that keep states), where a commit has it
+        out = orig_states(*args, **kw)
+        count(out)
+        return out
+
     orig, orig_fused = b.generate_ids, getattr(b, "generate_and_score_ids", None)
+    orig_states = getattr(b, "generate_from_states", None)
     b.generate_ids = counting
     if orig_fused is not None:
         b.generate_and_score_ids = counting_fused
+    if orig_states is not None:
+        b.generate_from_states = counting_states
     try:
         t0 = time.perf_counter()
         shape_traces(b, traces, steps, variant, max_new_tokens, batched=batched)
@@ -108,6 +116,8 @@ def shape_once(b, traces: list, steps: int, variant: str, max_new_tokens: int, b
         del b.generate_ids
         if orig_fused is not None:
             del b.generate_and_score_ids
+        if orig_states is not None:
+            del b.generate_from_states
     return {"seconds": seconds, **work, "decisions": [t.decisions for t in traces],
             "irreversible": sum(t.rejected_irreversible for t in traces),
             "cut": sum(t.rejected_cut for t in traces), "accepted": sum(t.accepted for t in traces)}

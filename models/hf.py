@@ -56,6 +56,7 @@ from models import cascade, packed
 from models.backend import Completion, Sampling, end_ids, logprob_temperature
 from models.cascade import SHARED_KWARG, SharedPrompts
 from models.decoding import M32, DecodeBatch, cache_kwarg, draw, keyed_uniforms
+from models.states import SeqState, check_cuts, last_hidden, left_padded, split_rows
 
 log = logging.getLogger("refinery.models")
 
@@ -179,6 +180,7 @@ class TransformersBackend:
     @torch.no_grad()
     def _generate(self, ids: list[list[int]], n: int, sampling: Sampling, progress: Callable[[int], None] | None,
                   row_seeds: list[int] | None, after: list[list[int]] | None = None,
+                  prefill: Callable[[list[int]], DecodeBatch] | None = None,
                   ) -> tuple[list[list[Completion]], list[list[float]]]:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
@@ -204,7 +206,10 @@ class TransformersBackend:
             if queue and (free >= admit_at or run.size == 0):
                 take = max(1, free // n)  # an empty batch takes a prompt's n samples even over the budget
                 batch, queue = queue[:take], queue[take:]
-                new, scored = self._prefill([ids[i] for i in batch], n, [after[i] for i in batch] if after else None)
+                if prefill is not None:  # the prompts' states were computed before (generate_from_states)
+                    new, scored = prefill(batch), []
+                else:
+                    new, scored = self._prefill([ids[i] for i in batch], n, [after[i] for i in batch] if after else None)
                 after_lp.update(zip(batch, scored))
                 run.merge(new, [(i, j) for i in batch for j in range(n)])
             if row_seeds is None:
@@ -244,6 +249,27 @@ class TransformersBackend:
             out.append([Completion(texts[j], toks[j], lps.get((i, j), []), finish[(i, j)], *stops.get((i, j), (None, None)))
                         for j in range(n)])
         return out, [after_lp.get(i, []) for i in range(len(prompts))]
+
+    def generate_from_states(self, states: list[SeqState], cuts: list[int], sampling: Sampling,
+                             row_seeds: list[int] | None = None) -> list[list[Completion]]:
+        """`generate_ids([s.ids[:cut] ...], 1, ...)` from states (models/states.py) of longer sequences: each
+        row's prompt is its state's first `cuts` tokens, whose keys, values and last hidden state are taken from
+        the state instead of a prefill (MCMC's proposals start inside a trace whose context the chain keeps)."""
+        check_cuts(states, cuts)
+        if any(cut < 1 for cut in cuts):
+            raise ValueError("generate_from_states: every prompt needs at least one token of its state")
+
+        def prefill(batch: list[int]) -> DecodeBatch:
+            picked, at = [states[i] for i in batch], [cuts[i] for i in batch]
+            b = DecodeBatch()
+            b.cache, b.mask = self._cache_of(picked, at)
+            b.next_pos = torch.tensor(at)[:, None]
+            with autocast(self.device, self.dtype):  # as `generate_ids`' prefill computes its first logits
+                b.logits = self._head(last_hidden(picked, at).to(self.device)).float()
+            return b
+
+        return self._generate([s.ids[:cut] for s, cut in zip(states, cuts)], 1, sampling, None, row_seeds,
+                              prefill=prefill)[0]
 
     def rows_within(self, width: int, max_new_tokens: int) -> int:
         """Rows that may decode together: `batch_size`, fewer when rows `width` columns wide, plus the
@@ -331,6 +357,75 @@ class TransformersBackend:
             hidden = self.model.get_decoder()(input_ids=ids.to(self.device),
                                               attention_mask=mask.to(self.device)).last_hidden_state
         return self._continuation_log_probs(hidden, [len(p) - 1 for p in prompts], comps, temperature)
+
+    # ---- sequence states (models/states.py) ---------------------------------------------------------------
+    @torch.no_grad()
+    def open_states(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]
+                    ) -> tuple[list[SeqState], list[list[float]]]:
+        """`score_ids` (T = 1) that also keeps what it computed: each prompt + completion's state, and the
+        completion's per-token log-probs."""
+        if len(prompt_ids) != len(completion_ids):
+            raise ValueError(f"open_states: {len(prompt_ids)} prompts but {len(completion_ids)} completions")
+        if any(not p for p in prompt_ids):
+            raise ValueError("open_states: an empty prompt leaves its completion's first token without context")
+        n = len(prompt_ids)
+        return self._run_states([None] * n, [0] * n, [p + c for p, c in zip(prompt_ids, completion_ids)],
+                                [len(p) for p in prompt_ids])
+
+    @torch.no_grad()
+    def extend_states(self, states: list[SeqState], cuts: list[int], conts: list[list[int]]
+                      ) -> tuple[list[SeqState], list[list[float]]]:
+        """The states of states[r].ids[:cuts[r]] + conts[r], with the continuations' per-token log-probs (T = 1):
+        `score_ids` of the same rows, computing only the continuations (their prefixes come from the states)."""
+        check_cuts(states, cuts)
+        if len(conts) != len(states) or any(cut < 1 for cut in cuts):
+            raise ValueError("extend_states: one continuation per state, after a prefix of at least one token")
+        return self._run_states(states, cuts, conts, [0] * len(states))
+
+    def _cache_of(self, states: list[SeqState | None], cuts: list[int]):
+        """A DynamicCache of the prefixes, left-padded (models/states.py left_padded), and its mask."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        layer_kv, mask = left_padded(states, cuts, self.model.config.num_hidden_layers)
+        for layer, (k, v) in enumerate(layer_kv):
+            cache.update(k.to(self.device), v.to(self.device), layer)
+        return cache, mask
+
+    def _run_states(self, states: list[SeqState | None], cuts: list[int], conts: list[list[int]],
+                    scored_from: list[int]) -> tuple[list[SeqState], list[list[float]]]:
+        """One forward per chunk of rows over each continuation after its state's prefix: the new states, and
+        the log-probs of conts[r][scored_from[r]:] (token 0 is predicted by the prefix's last hidden state)."""
+        new: list[SeqState | None] = [None] * len(conts)
+        scored: list[list[float]] = [[] for _ in conts]
+        order = sorted(range(len(conts)), key=lambda r: cuts[r] + len(conts[r]))
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            ss, cs, ts = [states[r] for r in chunk], [cuts[r] for r in chunk], [conts[r] for r in chunk]
+            cache, pmask = self._cache_of(ss, cs)
+            extra = max(len(t) for t in ts)
+            ids = torch.full((len(chunk), extra), self.pad_id, dtype=torch.long)
+            cmask = torch.zeros_like(ids)
+            for r, t in enumerate(ts):  # right padding after each row's prefix, which ends in the last prefix column
+                ids[r, : len(t)] = torch.tensor(t, dtype=torch.long)
+                cmask[r, : len(t)] = 1
+            pos = torch.tensor(cs)[:, None] + torch.arange(extra)
+            with autocast(self.device, self.dtype):
+                hidden = self.model.get_decoder()(input_ids=ids.to(self.device),
+                                                  attention_mask=torch.cat([pmask, cmask], 1).to(self.device),
+                                                  position_ids=pos.to(self.device), use_cache=True,
+                                                  **{self.cache_kwarg: cache}).last_hidden_state
+            first = torch.stack([s.hidden[cut - 1] if cut else hidden.new_zeros(hidden.shape[-1])
+                                 for s, cut in zip(ss, cs)]).to(hidden)
+            prev = torch.cat([first[:, None], hidden], 1)  # column j predicts continuation token j
+            lps = self._continuation_log_probs(prev, [scored_from[r] for r in chunk],
+                                               [conts[r][scored_from[r]:] for r in chunk], 1.0)
+            rows = split_rows(ss, cs, ts, pmask.shape[1], [(layer.keys, layer.values) for layer in cache.layers],
+                              hidden)
+            for r, state, lp in zip(chunk, rows, lps):
+                new[r], scored[r] = state, lp
+            del cache, hidden, prev
+        return new, scored
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
         """The output layer in full precision (fp32 hidden states into an fp32 layer, or cast to its dtype)."""

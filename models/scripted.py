@@ -34,7 +34,8 @@ Method, and its choices:
   the train stage (which loads the checkpoint folder itself) work unchanged, and the checkpoint it writes
   loads as a scripted backend again in the next round.
 Everything is a function of the prompt text, the sample index and the seed: batch composition never
-changes an answer.
+changes an answer. It runs over 300 lines because the script, its problem reader and the backend that
+serves it are one policy.
 """
 
 from __future__ import annotations
@@ -242,6 +243,8 @@ def script(prompt: str, sample: int, n: int, seed: int, temperature: float = 1.0
 
 class ScriptedBackend(TransformersBackend):
     """Scripted answers (`script`), scored token by token by the wrapped transformers model."""
+
+    generate_from_states = None  # proposals come from the script: MCMC keeps no states for it (tasks/core/mcmc.py)
 
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
                  version: int | None = None, **kw):

@@ -291,3 +291,39 @@ def test_generate_and_score_samples_as_generate_and_scores_as_score(tiny_backend
         assert len(x) == len(y) and torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
     with pytest.raises(ValueError, match="3 prompts but 2 continuations"):
         b.generate_and_score_ids(prompts, after[:2], s)
+
+
+def test_sequence_states_score_as_score_and_sample_as_generate(tiny_backend):
+    """Kept sequence states (models/states.py): opening scores as `score_ids`; extending a prefix of a state
+    (and then the extended state) scores its continuation as `score_ids` scores it after the full prefix; and
+    sampling from a prefix of a state draws the keyed samples `generate_ids` draws from that prefix. Rows of
+    different lengths, cut inside the prompt, inside the completion and at the end. A cut outside its state,
+    or an empty prompt, is a one-line error."""
+    b = tiny_backend
+    prompts = b.encode(_render(b, PROMPTS))
+    comps = b.encode(["The answer is 5.", "56", "Because seven eights are fifty-six, then"])
+    states, lps = b.open_states(prompts, comps)
+    for x, y in zip(lps, b.score_ids(prompts, comps)):
+        assert len(x) == len(y) and torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
+    cuts = [len(prompts[0]) - 2, len(prompts[1]) + 1, len(prompts[2]) + len(comps[2])]
+    conts = b.encode([" so 5.", " and 8 squared", "!"])
+    grown, lps = b.extend_states(states, cuts, conts)
+    for x, y in zip(lps, b.score_ids([s.ids[:c] for s, c in zip(states, cuts)], conts)):
+        assert len(x) == len(y) and torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
+    assert [g.ids for g in grown] == [s.ids[:c] + t for s, c, t in zip(states, cuts, conts)]
+    again, lps = b.extend_states(grown, [len(g) for g in grown], [[7, 8, 9]] * 3)
+    for x, y in zip(lps, b.score_ids([g.ids for g in grown], [[7, 8, 9]] * 3)):
+        assert torch.allclose(torch.tensor(x), torch.tensor(y), atol=1e-5)
+    s = Sampling(1.0, 1.0, 12, 5)
+    at = [len(again[0]) - 4, 3, len(again[2])]
+    kept = b.generate_from_states(again, at, s, row_seeds=[3, 4, 5])
+    plain = b.generate_ids([g.ids[:c] for g, c in zip(again, at)], 1, s, row_seeds=[3, 4, 5])
+    assert [g[0].token_ids for g in kept] == [g[0].token_ids for g in plain]
+    for k, p in zip(kept, plain):
+        assert torch.allclose(torch.tensor(k[0].logprobs), torch.tensor(p[0].logprobs), atol=1e-5)
+    with pytest.raises(ValueError, match="cut 99 of row 0 is outside its state"):
+        b.extend_states(states[:1], [99], [[5]])
+    with pytest.raises(ValueError, match="at least one token"):
+        b.generate_from_states(states[:1], [0], s)
+    with pytest.raises(ValueError, match="empty prompt"):
+        b.open_states([[]], [[5]])

@@ -258,9 +258,9 @@ def test_a_stopped_sample_reports_its_end_token_and_log_prob(stopping_tiny):
 
 
 def test_mh_takes_q_of_the_proposal_from_the_sampler(stopping_tiny, monkeypatch):
-    """Through the transformers backend, a move's q(s' | c, y_<i) is the proposal's own log-probs and
-    q(s | c, y_<i) comes from the proposal's prefill: one score row per scored move (pi(s')), and every decision
-    agrees with the MH formula recomputed from full-sequence scores of the chain's own draws."""
+    """Through the transformers backend, a move's q(s' | c, y_<i) is the proposal's own log-probs and the
+    other terms come from the chains' kept states: nothing is scored afresh (no `score_ids` call), and every
+    decision agrees with the MH formula recomputed from full-sequence scores of the chain's own draws."""
     b = stopping_tiny
     traces, x, c, y = _setup(b, 40, lambda ids: True, start=LONG)
     rows_scored = []
@@ -283,7 +283,7 @@ def test_mh_takes_q_of_the_proposal_from_the_sampler(stopping_tiny, monkeypatch)
         if g.finish_reason == "stop" and len(g.token_ids) < LIMIT:
             moves.append((t, i, u, list(g.token_ids) + [g.stop_token]))
     assert len(moves) >= 4
-    assert rows_scored == [len(traces), len(moves)]  # the start traces, then pi(s') per move
+    assert rows_scored == []  # the starts and pi(s') come from open_states / extend_states
     for t, i, u, s_new in moves:
         pi_new, pi_old = b.score_ids([x, x], [y[:i] + s_new, y])
         q_old, q_new = b.score_ids([c + y[:i]] * 2, [y[i:], s_new])
@@ -291,3 +291,20 @@ def test_mh_takes_q_of_the_proposal_from_the_sampler(stopping_tiny, monkeypatch)
         assert t.decisions[0] == (math.log(u) < min(0.0, log_a))
         assert t.ids == (y[:i] + s_new if t.decisions[0] else y)
     assert any(t.decisions[0] for t, *_ in moves)
+
+
+def test_kept_states_make_the_chains_of_prompts_scored_afresh(stopping_tiny, monkeypatch):
+    """Several MH steps with accepted moves (so later steps start from states extended by earlier ones): the
+    chains with kept states (models/states.py) make the same decisions and end in the same traces as the same
+    chains computing every prompt afresh (generate_and_score_ids and score_ids), and their log-probs agree."""
+    b = stopping_tiny
+    kept, *_ = _setup(b, 16, lambda ids: True)
+    shape_traces(b, kept, steps=8, variant="mh", max_new_tokens=LIMIT)
+    monkeypatch.setattr(b, "generate_from_states", None)  # the backend keeps no states: prompts scored afresh
+    fresh, *_ = _setup(b, 16, lambda ids: True)
+    shape_traces(b, fresh, steps=8, variant="mh", max_new_tokens=LIMIT)
+    assert sum(t.accepted for t in kept) >= 4 and any(t.decisions[-1] or t.decisions[-2] for t in kept)
+    assert [t.decisions for t in kept] == [t.decisions for t in fresh]
+    assert [t.ids for t in kept] == [t.ids for t in fresh]
+    for a, f in zip(kept, fresh):
+        assert a.lp == pytest.approx(f.lp, abs=1e-4)

@@ -35,6 +35,14 @@ q(s | c, y_<i) is read off the proposal's own prefill where the backend offers `
 (transformers: the prompt c, y_<i is computed once for both), and goes into the score call otherwise. All
 randomness (cut points, acceptance uniforms, the suffix tokens via keyed sampling) is drawn per trace, so a
 trace's chain is the same batched or alone (`shape_traces(batched=False)`).
+Kept states (`ChainStates`, where the backend keeps sequence states: transformers). Every prompt a chain
+computes is a prefix of its current trace: c, y_<i of c, y and x, y_<i of x, y. So each chain keeps the
+model's keys, values and hidden states over c, y and x, y (models/states.py) and q's log-probs of y: the
+proposal samples from the first |c| + i positions without a prefill, q(s | c, y_<i) is read off, pi(s' | x,
+y_<i) runs s' alone over the first |x| + i positions, and an accepted move extends the proposal state by s'
+(the policy state it was scored with becomes the chain's). Per step the model runs the proposals' tokens and
+the accepted suffixes, not the ~100-300-token prompts three times over. It runs over 300 lines because the
+chains' two ways of computing the same densities (kept states, or prompts scored afresh) share the step.
 Traces are token ids, ending in end-of-sequence when complete; scores include that token.
 """
 
@@ -108,15 +116,69 @@ def proposable(suffix: list[int], eos_ids: list[int], max_new_tokens: int) -> bo
             and not any(tok in eos_ids for tok in suffix[:-1]))
 
 
+class ChainStates:
+    """Each chain's model states (models/states.py) where the backend keeps them (`open_states`): the policy's
+    over x, y and the proposal's over c, y, with q's per-token log-probs of y. A step's proposal then starts
+    from the first |c| + i positions of the proposal state (no prefill), q(s | c, y_<i) is read off the
+    cache, pi(s' | x, y_<i) computes only s' over the policy state's first |x| + i positions, and an accepted
+    move extends both states by s' from the cut. The same densities as computing every prefix again, to float
+    rounding."""
+
+    def __init__(self, backend, traces: list[Trace]):
+        self.backend = backend
+        self.pi, lps = backend.open_states([t.prompt_ids for t in traces], [t.ids for t in traces])
+        self.q, self.q_lp = backend.open_states([t.context_ids for t in traces], [t.ids for t in traces])
+        for t, lp in zip(traces, lps):
+            t.lp, t.start_lp = lp, list(lp)
+
+    def propose(self, traces: list[Trace], movable: list[int], cuts: list[int], sampling: Sampling,
+                seeds: list[int]) -> tuple[list, dict[int, list[float]]]:
+        out = self.backend.generate_from_states([self.q[k] for k in movable],
+                                                [len(traces[k].context_ids) + cuts[k] for k in movable], sampling,
+                                                row_seeds=[seeds[k] for k in movable])
+        return out, {k: self.q_lp[k][cuts[k]:] for k in movable}
+
+    def score_new(self, traces: list[Trace], live: list[int], cuts: list[int], suffixes: dict[int, list[int]]
+                  ) -> dict[int, tuple[list[float], object]]:
+        """pi(s' | x, y_<i) of each live proposal, with the policy state it would leave."""
+        states, lps = self.backend.extend_states([self.pi[k] for k in live],
+                                                 [len(traces[k].prompt_ids) + cuts[k] for k in live],
+                                                 [suffixes[k] for k in live])
+        return {k: (lp, st) for k, lp, st in zip(live, lps, states)}
+
+    def accept(self, traces: list[Trace], moved: dict[int, object], cuts: list[int],
+               suffixes: dict[int, list[int]]) -> None:
+        """The accepted moves' states: the policy's as scored, the proposal's extended by s' from the cut."""
+        ks = list(moved)
+        if not ks:
+            return
+        states, lps = self.backend.extend_states([self.q[k] for k in ks],
+                                                 [len(traces[k].context_ids) + cuts[k] for k in ks],
+                                                 [suffixes[k] for k in ks])
+        for k, st, lp in zip(ks, states, lps):
+            self.pi[k], self.q[k], self.q_lp[k] = moved[k], st, self.q_lp[k][:cuts[k]] + lp
+
+
+def keeps_states(backend) -> bool:
+    """Whether `backend` keeps sequence states for the chains (the transformers backend's model; not the
+    scripted policy, whose proposals come from its script)."""
+    return callable(getattr(backend, "open_states", None)) and callable(getattr(backend, "generate_from_states", None))
+
+
 def propose(backend: TokenBackend, traces: list[Trace], movable: list[int], cuts: list[int], seeds: list[int],
-            step: int, max_new_tokens: int, reverse: bool) -> tuple[list, dict[int, list[float]]]:
+            step: int, max_new_tokens: int, reverse: bool, states: ChainStates | None = None
+            ) -> tuple[list, dict[int, list[float]]]:
     """The proposals of the `movable` traces (T = 1: kappa samples pi_ref, keyed per trace) and, with
-    `reverse` (MH), the old suffixes' q(s | c, y_<i) where the backend scores them in the proposal's own
-    prefill (`generate_and_score_ids`), {trace index: log-probs}; elsewhere the score call scores them."""
+    `reverse` (MH), the old suffixes' q(s | c, y_<i) where the backend gives them with the proposal (from the
+    chains' `states`, or scored in the proposal's own prefill by `generate_and_score_ids`), {trace index:
+    log-probs}; elsewhere the score call scores them."""
     if not movable:
         return [], {}
-    prompts = [traces[k].context_ids + traces[k].ids[:cuts[k]] for k in movable]
     sampling = Sampling(1.0, 1.0, max_new_tokens, step)
+    if states is not None:
+        out, q_old = states.propose(traces, movable, cuts, sampling, seeds)
+        return record("mcmc", out), q_old if reverse else {}
+    prompts = [traces[k].context_ids + traces[k].ids[:cuts[k]] for k in movable]
     fused = getattr(backend, "generate_and_score_ids", None) if reverse else None
     if fused is None:
         return record("mcmc", backend.generate_ids(prompts, 1, sampling, row_seeds=[seeds[k] for k in movable])), {}
@@ -126,8 +188,9 @@ def propose(backend: TokenBackend, traces: list[Trace], movable: list[int], cuts
 
 
 def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, max_new_tokens: int,
-          eos_ids: list[int]) -> None:
-    """One MCMC step for every trace: one batched generate call, one batched score call."""
+          eos_ids: list[int], states: ChainStates | None = None) -> None:
+    """One MCMC step for every trace: one batched generate call, one batched score call (with `states`: one
+    extension of the policy states by the proposals, and one of the proposal states by the accepted ones)."""
     cuts = [t.rng.randrange(len(t.ids)) for t in traces]
     us = [t.rng.random() for t in traces]
     seeds = [t.rng.getrandbits(31) for t in traces]
@@ -139,7 +202,7 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
                if variant != "mh" or proposable(t.ids[i:], eos_ids, max_new_tokens)]
     for k in set(range(len(traces))) - set(movable):
         traces[k].rejected_irreversible += 1
-    out, q_old_of = propose(backend, traces, movable, cuts, seeds, step, max_new_tokens, variant == "mh")
+    out, q_old_of = propose(backend, traces, movable, cuts, seeds, step, max_new_tokens, variant == "mh", states)
     news: list[tuple[list[int], list[int]] | None] = [None] * len(traces)
     q_sampled: dict[int, list[float]] = {}  # q(s' | c, y_<i) as the proposal drew s', end token included
     for k, g in zip(movable, out):
@@ -153,6 +216,8 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
         if c.stop_logprob is not None and len(c.logprobs) == len(c.token_ids):
             q_sampled[k] = list(c.logprobs) + [c.stop_logprob]
     live = [k for k, n in enumerate(news) if n is not None]
+    if states is not None:
+        return _decide(traces, cuts, us, news, q_old_of, q_sampled, variant, states)
     score_p, score_c = [], []
     for k in live:
         t, i, (_, suffix) = traces[k], cuts[k], news[k]
@@ -195,6 +260,42 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
             t.accepted += 1
 
 
+def _decide(traces: list[Trace], cuts: list[int], us: list[float], news: list, q_old_of: dict[int, list[float]],
+            q_sampled: dict[int, list[float]], variant: str, states: ChainStates) -> None:
+    """The decisions of a step whose chains keep states: pi(s') from extending the policy states, q(s) from
+    the proposal states, q(s') from the sampler (scored by extending the proposal state where it did not
+    report it)."""
+    live = [k for k, n in enumerate(news) if n is not None]
+    suffixes = {k: news[k][1] for k in live}
+    scored = states.score_new(traces, live, cuts, suffixes) if live else {}
+    missing = [k for k in live if variant == "mh" and k not in q_sampled]
+    if missing:  # a backend whose sampler does not report the end token's log-prob
+        _, lps = states.backend.extend_states([states.q[k] for k in missing],
+                                              [len(traces[k].context_ids) + cuts[k] for k in missing],
+                                              [suffixes[k] for k in missing])
+        q_sampled = {**q_sampled, **dict(zip(missing, lps))}
+    moved = {}
+    for k, (t, i, u) in enumerate(zip(traces, cuts, us)):
+        if news[k] is None:
+            t.decisions.append(False)
+            continue
+        new, suffix = news[k]
+        pi_new, pi_state = scored[k]
+        new_lp = t.lp[:i] + pi_new
+        if variant == "mh":
+            log_a = mh_log_accept(sum(pi_new), sum(t.lp[i:]), sum(q_old_of[k]), sum(q_sampled[k]), len(t.ids),
+                                  len(new))
+            accept = math.log(max(u, 1e-300)) < min(0.0, log_a)
+        else:
+            accept = mean(new_lp) > mean(t.lp)
+        t.decisions.append(accept)
+        if accept:
+            t.ids, t.lp = new, new_lp
+            t.accepted += 1
+            moved[k] = pi_state
+    states.accept(traces, moved, cuts, suffixes)
+
+
 def shape_traces(backend: TokenBackend, traces: list[Trace], steps: int, variant: str = "mh", max_new_tokens: int = 64,
                  batched: bool = True, on_step=None) -> list[Trace]:
     """Run `steps` MCMC steps on every complete trace (ending in EOS) in C; the others are left as they are,
@@ -205,16 +306,18 @@ def shape_traces(backend: TokenBackend, traces: list[Trace], steps: int, variant
     eos_ids = list(backend.eos_ids)
     # a start without EOS is a cut trace: outside the target's support, and no move from it is reversible
     live = [t for t in traces if t.ids and t.ids[-1] in eos_ids and t.in_c(t.ids)]
-    groups = [live] if batched else [[t] for t in live]
+    groups = [g for g in ([live] if batched else [[t] for t in live]) if g]
+    kept: list[ChainStates | None] = []
     for g in groups:
-        if not g:
+        if keeps_states(backend):  # scores the starts as it opens the states
+            kept.append(ChainStates(backend, g))
             continue
+        kept.append(None)
         for t, lp in zip(g, backend.score_ids([t.prompt_ids for t in g], [t.ids for t in g])):
             t.lp, t.start_lp = lp, list(lp)
     for s in range(steps):
-        for g in groups:
-            if g:
-                _step(backend, g, s, variant, max_new_tokens, eos_ids)
+        for g, states in zip(groups, kept):
+            _step(backend, g, s, variant, max_new_tokens, eos_ids, states)
         if on_step:
             on_step(s)
     return traces
