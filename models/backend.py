@@ -120,6 +120,27 @@ class TokenBackend(Backend, Protocol):
         ...
 
 
+class KeepsStates(TokenBackend, Protocol):
+    """A `TokenBackend` that keeps what it computed over a sequence (models/states.py) and starts later calls
+    from a prefix of it: MCMC shaping's chains (tasks/core/mcmc.py ChainStates). The transformers backend."""
+
+    kv_bytes_per_token: int  # what one token of kept keys and values costs
+    kv_cache_bytes: float  # the KV budget a call may hold
+
+    def open_states(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> tuple[list, list[list[float]]]:
+        """Each prompt + completion's state, and the completion's per-token log-probs (T = 1)."""
+        ...
+
+    def extend_states(self, states: list, cuts: list[int], conts: list[list[int]]) -> tuple[list, list[list[float]]]:
+        """The states of states[r].ids[:cuts[r]] + conts[r], and the continuations' log-probs (T = 1)."""
+        ...
+
+    def generate_from_states(self, states: list, cuts: list[int], sampling: Sampling,
+                             row_seeds: list[int] | None = None) -> list[list[Completion]]:
+        """One sample after each state's first `cuts` tokens, as `generate_ids` would draw it."""
+        ...
+
+
 def end_ids(generation_eos: int | list[int] | None, tokenizer) -> list[int]:
     """Every id that ends a completion: the generation config's end ids (one or a list) plus the tokenizer's
     own end token, as transformers' `generate` and vLLM stop on them.

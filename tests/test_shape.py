@@ -308,3 +308,19 @@ def test_kept_states_make_the_chains_of_prompts_scored_afresh(stopping_tiny, mon
     assert [t.ids for t in kept] == [t.ids for t in fresh]
     for a, f in zip(kept, fresh):
         assert a.lp == pytest.approx(f.lp, abs=1e-4)
+
+
+def test_chains_keep_states_only_within_the_kv_budget(stopping_tiny, monkeypatch, caplog):
+    """The chains' states are kept where they fit in the backend's KV budget; beyond it the prompts are
+    computed afresh each step, and the log says why. The scripted policy never keeps them (its script proposes)."""
+    from tasks.core.mcmc import keeps_states
+
+    b = stopping_tiny
+    traces, *_ = _setup(b, 8, lambda ids: True, start=LONG)
+    assert keeps_states(b, traces, LIMIT)
+    per_chain = (len(traces[0].prompt_ids) + len(traces[0].context_ids) + 2 * (len(traces[0].ids) + LIMIT))
+    monkeypatch.setattr(b, "kv_cache_bytes", 8 * per_chain * b.kv_bytes_per_token - 1)
+    with caplog.at_level("INFO", logger="refinery.shape"):
+        assert not keeps_states(b, traces, LIMIT)
+    assert "over the KV budget" in caplog.text
+    assert keeps_states(b, traces[:7], LIMIT)

@@ -49,14 +49,17 @@ Traces are token ids, ending in end-of-sequence when complete; scores include th
 from __future__ import annotations
 
 import difflib
+import logging
 import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from models.backend import Sampling, TokenBackend
+from models.backend import KeepsStates, Sampling, TokenBackend
 from models.meter import record
 from tasks.core.ids import RNG_HEX, seed_of
+
+log = logging.getLogger("refinery.shape")
 
 CONTINUE = "Continue this partial answer in your own words."
 @dataclass
@@ -124,7 +127,7 @@ class ChainStates:
     move extends both states by s' from the cut. The same densities as computing every prefix again, to float
     rounding."""
 
-    def __init__(self, backend, traces: list[Trace]):
+    def __init__(self, backend: KeepsStates, traces: list[Trace]):
         self.backend = backend
         self.pi, lps = backend.open_states([t.prompt_ids for t in traces], [t.ids for t in traces])
         self.q, self.q_lp = backend.open_states([t.context_ids for t in traces], [t.ids for t in traces])
@@ -159,10 +162,20 @@ class ChainStates:
             self.pi[k], self.q[k], self.q_lp[k] = moved[k], st, self.q_lp[k][:cuts[k]] + lp
 
 
-def keeps_states(backend) -> bool:
-    """Whether `backend` keeps sequence states for the chains (the transformers backend's model; not the
-    scripted policy, whose proposals come from its script)."""
-    return callable(getattr(backend, "open_states", None)) and callable(getattr(backend, "generate_from_states", None))
+def keeps_states(backend: TokenBackend, traces: list[Trace], max_new_tokens: int) -> bool:
+    """Whether `backend` keeps sequence states for these chains: it can (the transformers backend; not the
+    scripted policy, whose proposals come from its script), and their states fit in its KV budget
+    (`kv_cache_gib`): x, y and c, y per chain, each with room for a suffix of `max_new_tokens`. Otherwise every
+    prompt is computed afresh each step (the same densities, more compute), and the log says why."""
+    if not all(callable(getattr(backend, m, None)) for m in ("open_states", "extend_states", "generate_from_states")):
+        return False
+    tokens = sum(len(t.prompt_ids) + len(t.context_ids) + 2 * (len(t.ids) + max_new_tokens) for t in traces)
+    need = tokens * backend.kv_bytes_per_token
+    if need > backend.kv_cache_bytes:
+        log.info("MCMC: %d chains' states would hold %.2f GiB, over the KV budget of %.2f GiB: prompts are "
+                 "computed afresh each step", len(traces), need / 2**30, backend.kv_cache_bytes / 2**30)
+        return False
+    return True
 
 
 def propose(backend: TokenBackend, traces: list[Trace], movable: list[int], cuts: list[int], seeds: list[int],
@@ -309,7 +322,7 @@ def shape_traces(backend: TokenBackend, traces: list[Trace], steps: int, variant
     groups = [g for g in ([live] if batched else [[t] for t in live]) if g]
     kept: list[ChainStates | None] = []
     for g in groups:
-        if keeps_states(backend):  # scores the starts as it opens the states
+        if keeps_states(backend, g, max_new_tokens):  # scores the starts as it opens the states
             kept.append(ChainStates(backend, g))
             continue
         kept.append(None)
