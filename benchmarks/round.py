@@ -17,7 +17,9 @@ Lower bounds, measured afterwards in this process on the current arm's store, fo
   training tokens as the stage counts them with the shared prefix (each group's prompt once plus its
   completions), in 1024-token sequences with a plain causal mask, plus two no-gradient forwards over the same
   tokens (the old and the reference log-prob passes). No optimizer step, no loss beyond a sum.
-  `train_ratio_vs_bare` = train_s / that time.
+  `train_ratio_vs_bare` = train_s / that time; `train_fwd_bwd_s` is the forward/backward alone (where the
+  sampler's log-probs serve as the old ones, tasks/train.py, and in round 0, whose reference is the policy,
+  the stage runs no full no-gradient pass, so it can take less than the bound).
 - collect: the round's generated tokens (kept and discarded rollouts) at the rate of `model.generate` with the
   length forced (no early stop; bf16 weights where native) on the round's own prompts, measured now.
   `collect_ratio_vs_ceiling` = collect_s / that time; collect also verifies, runs LoPE's extra samples and
@@ -177,8 +179,9 @@ def round_of(store: str, rnd: int, sets: list[str]):
                              rounds=rnd + 1, model=cfg.model)
 
 
-def bare_train_seconds(store: str, rnd: int, sets: list[str]) -> tuple[float, int]:
-    """Bare forward/backward + two no-grad forwards over the round's shared-prefix training tokens."""
+def bare_train_seconds(store: str, rnd: int, sets: list[str]) -> tuple[float, int, float]:
+    """Bare forward/backward + two no-grad forwards over the round's shared-prefix training tokens: (seconds,
+    tokens, seconds of the forward/backward alone)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -188,8 +191,10 @@ def bare_train_seconds(store: str, rnd: int, sets: list[str]) -> tuple[float, in
     from tasks.train import rollout_sequences
 
     cfg, ctx = round_of(store, rnd, sets)
-    rollouts = ctx.rows(Store(store), "rollouts").select(
-        "prompt_id", "sample_idx", "prompt_text", "completion", "reward", "finish_reason", "augmentation").collect()
+    rows = ctx.rows(Store(store), "rollouts")
+    sampled = [c for c in ("token_ids",) if c in rows.collect_schema().names()]  # the ids training runs, where kept
+    rollouts = rows.select("prompt_id", "sample_idx", "prompt_text", "completion", "reward", "finish_reason",
+                           "augmentation", *sampled).collect()
     model = AutoModelForCausalLM.from_pretrained(resolve(cfg.model.policy), dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(resolve(cfg.model.policy))
     seqs, _, _ = rollout_sequences(rollouts, tok, tok.eos_token_id, True, cfg.rollout.max_new_tokens)
@@ -204,13 +209,14 @@ def bare_train_seconds(store: str, rnd: int, sets: list[str]) -> tuple[float, in
         with autocast("cpu", cfg.model.dtype):
             h = model.model(input_ids=ids).last_hidden_state
         model.lm_head(h).float().logsumexp(-1).sum().backward()
+    fwd_bwd = time.perf_counter() - t
     model.eval()
     with torch.no_grad():
         for _ in range(2):
             for n in chunks:
                 with autocast("cpu", cfg.model.dtype):
                     model(input_ids=torch.randint(0, vocab, (1, n)))
-    return time.perf_counter() - t, tokens
+    return time.perf_counter() - t, tokens, fwd_bwd
 
 
 def collect_bound_seconds(store: str, rnd: int, sets: list[str]) -> tuple[float, int]:
@@ -252,8 +258,8 @@ def main() -> int:
             arms["baseline"] = run_arm(tree, sets, a.rounds, f"baseline {a.baseline}")
     out = figures(arms["current"], last)
     if not a.no_bounds:
-        bare, tokens = bare_train_seconds(arms["current"]["store"], last, sets)
-        out |= {"train_bare_s": bare, "train_tokens": tokens}
+        bare, tokens, fwd_bwd = bare_train_seconds(arms["current"]["store"], last, sets)
+        out |= {"train_bare_s": bare, "train_tokens": tokens, "train_fwd_bwd_s": fwd_bwd}
         if out.get("train_s") and tokens:  # a round whose groups were all zero-variance trained nothing
             out["train_ratio_vs_bare"] = out["train_s"] / bare
         bound, generated = collect_bound_seconds(arms["current"]["store"], last, sets)
@@ -270,7 +276,7 @@ def main() -> int:
         if out["round_wall_s"] and base["round_wall_s"]:
             out["round_wall_ratio_vs_baseline"] = out["round_wall_s"] / base["round_wall_s"]
     stage_keys = sorted({k for k in out if k.endswith("_s") and not k.startswith("baseline_")} - {
-        "round_wall_s", "flow_s", "train_bare_s", "collect_ceiling_s", "shape_mcmc_s"})  # MCMC: part of shape
+        "round_wall_s", "flow_s", "train_bare_s", "train_fwd_bwd_s", "collect_ceiling_s", "shape_mcmc_s"})  # MCMC: part of shape
     print(f"\nround {last}{' (of ' + str(a.rounds) + ')' if a.rounds > 1 else ''}: seconds per stage")
     print(f"{'':>16} {'current':>9}" + (f" {'baseline':>9} {'ratio':>6}" if "baseline" in arms else ""))
     for k in ["round_wall_s", *stage_keys]:
@@ -297,7 +303,8 @@ def main() -> int:
                   f"cut, {o.get('shape_irreversible')} moves irreversible")
     if "train_ratio_vs_bare" in out:
         print(f"train: {out['train_s']:.1f} s vs a bare forward/backward over the same {out['train_tokens']} "
-              f"tokens {out['train_bare_s']:.1f} s: ratio {out['train_ratio_vs_bare']:.2f}")
+              f"tokens {out['train_bare_s']:.1f} s: ratio {out['train_ratio_vs_bare']:.2f} (the forward/backward "
+              f"alone {out['train_fwd_bwd_s']:.1f} s: ratio {out['train_s'] / out['train_fwd_bwd_s']:.2f})")
     if "collect_ratio_vs_ceiling" in out:
         print(f"collect: {out['collect_s']:.1f} s vs {out['collect_generated_tokens']} generated tokens at "
               f"generate's forced-length rate {out['collect_ceiling_s']:.1f} s: ratio "

@@ -238,7 +238,8 @@ class Sampler:
             pl.lit(None, pl.Float64).alias("mean_logprob"), pl.lit("stop").alias("finish_reason"),
             pl.concat_str(pl.lit('{"sampler": {"index": '), pl.int_range(pl.len()).cast(pl.String), pl.lit("}}"))
             .alias("augmentation"),
-            pl.lit(None, pl.Boolean).alias("verify_timeout"))
+            pl.lit(None, pl.Boolean).alias("verify_timeout"), pl.lit(None, pl.List(pl.Int32)).alias("token_ids"),
+            pl.lit(None, pl.List(pl.Float32)).alias("token_logprobs"))
         return frame.select(TABLES["rollouts"].names).to_arrow().cast(TABLES["rollouts"])
 
 

@@ -69,6 +69,21 @@ class Completion:
     stop_logprob: float | None = None
 
     @property
+    def sampled_ids(self) -> list[int] | None:
+        """The token ids as sampled, the end token included when it stopped; None where the end token is not
+        known (a backend that does not report it)."""
+        if (self.finish_reason == "stop" and self.stop_token is None) or (self.text and not self.token_ids):
+            return None  # the end token, or every token (a text-only endpoint), unknown
+        return list(self.token_ids) + ([self.stop_token] if self.stop_token is not None else [])
+
+    @property
+    def sampled_logprobs(self) -> list[float] | None:
+        """Each of `sampled_ids`' log-probs at the sampling temperature; None where one is not reported."""
+        ids = self.sampled_ids
+        lps = list(self.logprobs) + ([self.stop_logprob] if self.stop_logprob is not None else [])
+        return lps if ids is not None and len(lps) == len(ids) else None
+
+    @property
     def n_tokens(self) -> int:
         return len(self.token_ids) if self.token_ids else len(self.logprobs)
 

@@ -27,7 +27,8 @@ Method, and its choices:
   (`generate_ids(row_seeds=...)`, MCMC shaping) each row draws its own u. At temperature 0 every sample
   takes the modal outcome (solved iff r >= 1/2); other temperatures and top_p do not change r.
 - Token ids are the model tokenizer's encoding of the scripted text, cut at `max_new_tokens` (then
-  finish_reason "length"); log-probs are that model's scores of those tokens given the prompt at the
+  finish_reason "length"; otherwise it stops on the model's first end id, reported as `stop_token` with its
+  score); log-probs are that model's scores of those tokens given the prompt at the
   sampling temperature (`score_ids(temperature=T)`, T = 1 for greedy), as the transformers backend reports
   them, i.e. what the trainer's importance ratios need. Rendering, `score`, `encode`, `tokenizer`,
   `model` and `eos_ids` are the wrapped transformers backend's own, so shaping, the `policy` embedder and
@@ -287,16 +288,17 @@ class ScriptedBackend(TransformersBackend):
         max_new_tokens = sampling.max_new_tokens
         full = [self.encode(group) if group else [] for group in texts]
         flat_p = [p for p, group in zip(prompt_ids, full) for _ in group]
-        flat_c = [c[:max_new_tokens] for group in full for c in group]
+        end = self.eos_ids[0]  # a complete answer stops on it, reported with its log-prob as the model's would be
+        flat_c = [c[:max_new_tokens] + [end] * (len(c) <= max_new_tokens) for group in full for c in group]
         # at the sampling temperature, as the transformers backend's generate reports them (models/backend.py)
         scored = iter(self.score_ids(flat_p, flat_c, temperature=sampling.temperature) if flat_c else [])
         out = []
         for group in full:
             row = []
             for c in group:
-                toks = c[:max_new_tokens]
-                row.append(Completion(self.tokenizer.decode(toks, skip_special_tokens=True), toks, next(scored),
-                                      "length" if len(c) > max_new_tokens else "stop"))
+                toks, lps, stop = c[:max_new_tokens], next(scored), len(c) <= max_new_tokens
+                row.append(Completion(self.tokenizer.decode(toks, skip_special_tokens=True), toks, lps[: len(toks)],
+                                      "stop" if stop else "length", end if stop else None, lps[-1] if stop else None))
             out.append(row)
             if progress:
                 progress(len(row))

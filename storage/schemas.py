@@ -31,6 +31,12 @@ _ROLLOUT_FIELDS = [  # `rollouts`, and `discarded_rollouts` around its two extra
     _f("finish_reason", pa.string()),
     _f("augmentation", pa.string(), True),
     _f("verify_timeout", pa.bool_(), True),  # the verifier overran its timeout (scored 0); null: older rows
+    # the completion's token ids as sampled, its end token included when it stopped, and each one's log-prob at
+    # the sampling temperature as the sampler reported it: what training runs and its old log-probs
+    # (tasks/train.py). Null where the backend did not report them all (the scripted policy's end token,
+    # imported rows, older rows): training then encodes `completion` again
+    _f("token_ids", pa.list_(pa.int32()), True),
+    _f("token_logprobs", pa.list_(pa.float32()), True),
 ]
 
 
@@ -212,6 +218,7 @@ _DUCKDB_TYPES = {
     pa.bool_(): "BOOLEAN",
     TS: "TIMESTAMP WITH TIME ZONE",
     pa.list_(pa.float32()): "FLOAT[]",
+    pa.list_(pa.int32()): "INTEGER[]",
 }
 
 

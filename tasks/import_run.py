@@ -100,6 +100,7 @@ def import_dump(store: Store, fmt: str, path: str, run_id: str, correct_at: floa
         sample_idx=pl.int_range(pl.len()).over("round", "prompt_id").cast(pl.Int32),
         correct=pl.col("reward") >= correct_at,
         mean_logprob=pl.lit(None, pl.Float64), finish_reason=pl.lit("stop"), verify_timeout=pl.lit(None, pl.Boolean),
+        token_ids=pl.lit(None, pl.List(pl.Int32)), token_logprobs=pl.lit(None, pl.List(pl.Float32)),
     ).drop("step")
     rounds = rollouts["round"].unique().sort().to_list()
     mark(store, run_id, "running", config)

@@ -68,17 +68,20 @@ def rollout_table(prompts: pl.DataFrame, groups: list, rendered: list[str], augm
                   checked: list[list], run_id: str, round: int, policy_version: int) -> pa.Table:
     cols: dict[str, list] = {k: [] for k in ("prompt_id", "sample_idx", "prompt_text", "completion", "reward",
                                              "correct", "n_tokens", "mean_logprob", "finish_reason",
-                                             "augmentation", "verify_timeout")}
+                                             "augmentation", "verify_timeout", "token_ids", "token_logprobs")}
     for row, text, augs, group, vs in zip(prompts.iter_rows(named=True), rendered, augmentation, groups, checked):
         for i, (c, aug, v) in enumerate(zip(group, augs, vs)):
             for k, x in (("prompt_id", row["prompt_id"]), ("sample_idx", i), ("prompt_text", text),
                          ("completion", c.text), ("reward", v.reward), ("correct", v.correct),
                          ("n_tokens", c.n_tokens), ("mean_logprob", c.mean_logprob),
                          ("finish_reason", c.finish_reason), ("augmentation", aug),
-                         ("verify_timeout", v.timed_out)):
+                         ("verify_timeout", v.timed_out), ("token_ids", c.sampled_ids),
+                         ("token_logprobs", c.sampled_logprobs)):
                 cols[k].append(x)
     n = len(cols["prompt_id"])
     cols["augmentation"] = pa.array(cols["augmentation"], pa.string())
+    cols["token_ids"] = pa.array(cols["token_ids"], pa.list_(pa.int32()))
+    cols["token_logprobs"] = pa.array(cols["token_logprobs"], pa.list_(pa.float32()))
     return pa.table({"run_id": [run_id] * n, "round": [round] * n, "policy_version": [policy_version] * n, **cols})
 
 

@@ -6,9 +6,13 @@
   averaged over every response token of the optimizer step (token-level, DAPO style).
 - LoPE-replaced rollouts (tasks/core/lope.py) were sampled under a perturbed prompt: their old log-probs are taken
   under that prompt, and their ratio is shaped rho / (rho + 0.1) instead of clipped.
-- Old log-probs are recomputed with the training model before the first update, so differences between the
-  sampling backend and the trainer do not bias the ratio; the first step's rows take them from that step's
-  own forward, detached (tasks/core/grpo.py `first_step_on_policy`: the same weights, no extra pass).
+- A completion is the token ids its sampler drew (`rollouts.token_ids`, end token included); rows without them
+  (imports, older stores) encode their text again, which need not give the sampled ids.
+- Old log-probs: the sampler's (`rollouts.token_logprobs`) where it ran the trainer's own computation
+  (`train.old_logprobs = "auto"`: transformers or scripted backend, fp32; `sampler_computes_as_trainer`), else
+  recomputed with the training model before the first update, so differences between the sampling backend
+  and the trainer do not bias the ratio; the first step's rows take them from that step's own forward,
+  detached (tasks/core/grpo.py `first_step_on_policy`: the same weights, no extra pass).
 - Every log-prob that describes the sampling distribution (new and old policy, the KL reference, LoPE's
   behaviour prompt, the entropy) is log_softmax(logits / T) at the rollouts' temperature `rollout.temperature`
   (T = 0 means 1), as verl and TRL compute it; the SFT term on shaped traces is plain likelihood at T = 1.
@@ -44,8 +48,11 @@ from tasks.stage import RoundContext, stage
 
 
 def rollout_sequences(rollouts: pl.DataFrame, tokenizer, eos_id: int, scale_std: bool,
-                      max_completion_tokens: int) -> tuple[list[Sequence], int, int]:
-    """Training sequences from one round's rollouts: (sequences, groups used, zero-variance groups skipped)."""
+                      max_completion_tokens: int, sampler_logprobs: bool = False) -> tuple[list[Sequence], int, int]:
+    """Training sequences from one round's rollouts: (sequences, groups used, zero-variance groups skipped).
+    A completion is the token ids its sampler drew (`token_ids`, end token included) where the row holds them,
+    else its text encoded again (which may differ: a sampled tokenization need not be the tokenizer's own).
+    With `sampler_logprobs`, a row's `token_logprobs` become its old log-probs."""
     seqs: list[Sequence] = []
     used = skipped = 0
     for _, g in rollouts.sort("prompt_id", "sample_idx").group_by("prompt_id", maintain_order=True):
@@ -57,9 +64,15 @@ def rollout_sequences(rollouts: pl.DataFrame, tokenizer, eos_id: int, scale_std:
         used += 1
         prompt_ids = tokenizer(rows[0]["prompt_text"], add_special_tokens=False)["input_ids"]
         for r, a in zip(rows, adv):
-            comp = tokenizer(r["completion"], add_special_tokens=False)["input_ids"][:max_completion_tokens]
-            if r["finish_reason"] == "stop":
-                comp = comp + [eos_id]
+            given = None
+            if r.get("token_ids") is not None:
+                comp = list(r["token_ids"])
+                if sampler_logprobs and r.get("token_logprobs") is not None:
+                    given = list(r["token_logprobs"])
+            else:
+                comp = tokenizer(r["completion"], add_special_tokens=False)["input_ids"][:max_completion_tokens]
+                if r["finish_reason"] == "stop":
+                    comp = comp + [eos_id]
             if not comp:
                 continue
             behaviour = None
@@ -67,8 +80,19 @@ def rollout_sequences(rollouts: pl.DataFrame, tokenizer, eos_id: int, scale_std:
             lope = aug.get("lorem_perturb", {})
             if lope.get("replaced") and lope.get("behaviour_prompt"):
                 behaviour = tokenizer(lope["behaviour_prompt"], add_special_tokens=False)["input_ids"]
-            seqs.append(Sequence(prompt_ids, comp, a, behaviour))
+            seqs.append(Sequence(prompt_ids, comp, a, behaviour, given))
     return seqs, used, skipped
+
+
+def sampler_computes_as_trainer(backend: str, dtype: str, device: str) -> bool:
+    """Whether the log-probs a rollout's sampler reported are the numbers the trainer's old pass would compute:
+    the transformers backend (or the scripted policy, which reports that model's scores) with fp32 weights, as
+    the trainer runs without bf16 autocast. The decode loop's kernels differ from the trainer's (oneDNN's packed
+    products, a KV cache), by float rounding only (tests/test_train.py measures it). vLLM, bf16 weights and
+    bf16 autocast compute them otherwise: the old pass recomputes them there."""
+    from models.hf import native_bf16
+
+    return backend in ("transformers", "scripted") and not (dtype == "bf16" or (dtype == "auto" and native_bf16(device)))
 
 
 def load_trainable(path: str, cfg: TrainConfig, device: str):
@@ -99,8 +123,10 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     from storage.checkpoints import newest_checkpoint
 
     run_id, round, policy_version, base = ctx.run_id, ctx.round, ctx.policy_version, ctx.base
-    rollouts = ctx.rows(store, "rollouts").select(
-        "prompt_id", "sample_idx", "prompt_text", "completion", "reward", "finish_reason", "augmentation").collect()
+    rows = ctx.rows(store, "rollouts")
+    sampled = [c for c in ("token_ids", "token_logprobs") if c in rows.collect_schema().names()]  # not in old stores
+    rollouts = rows.select("prompt_id", "sample_idx", "prompt_text", "completion", "reward", "finish_reason",
+                           "augmentation", *sampled).collect()
     shaped = ctx.rows(store, "shaped_traces").filter(pl.col("correct")).select("prompt_id", "text").collect()
     device = ctx.model.device
     path = resolve(ctx.policy)
@@ -108,7 +134,9 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     model, tokenizer = load_trainable(path, cfg, device)
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    seqs, used, skipped = rollout_sequences(rollouts, tokenizer, eos_id, cfg.scale_std, rollout_cfg.max_new_tokens)
+    seqs, used, skipped = rollout_sequences(rollouts, tokenizer, eos_id, cfg.scale_std, rollout_cfg.max_new_tokens,
+                                            sampler_logprobs=cfg.old_logprobs == "auto"
+                                            and sampler_computes_as_trainer(ctx.model.backend, ctx.model.dtype, device))
     sft: list[Sequence] = []
     if shaped.height and cfg.sft_weight > 0:
         questions = dict(prompts(store, "text").collect().iter_rows())
@@ -152,6 +180,8 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     losses = [r["loss"] for r in steps]
     return {"policy_version": version, "steps": len(steps),
             "sequences": len(seqs), "groups": used, "zero_variance_groups": skipped, "sft_traces": len(sft),
+            # rows whose old log-probs are their sampler's (no old pass for them)
+            "sampler_logprobs": sum(s.sampled_logprobs is not None for s in seqs),
             "tokens": sum(r["n_tokens"] for r in steps), "seconds": sig4(seconds),
             "tokens_per_s": sig4(sum(r["n_tokens"] for r in steps) / max(seconds, 1e-9)),
             "first_loss": sig4(losses[0]) if losses else None, "last_loss": sig4(losses[-1]) if losses else None}

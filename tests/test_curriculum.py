@@ -51,6 +51,13 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
                        "ORDER BY round, policy_version").to_pylist()
     assert [(e["round"], e["policy_version"]) for e in evals] == [(0, 0), (0, 1), (1, 2)]
     assert all(e["n_prompts"] == 2 and e["k"] == 4 for e in evals)
+    # every rollout keeps the ids its sampler drew (end token included when it stopped) and their log-probs,
+    # whose mean is the stored mean_logprob over the tokens before the end
+    kept = sql(store, "SELECT count(*) AS n, count(*) FILTER (WHERE len(token_ids) = n_tokens "
+                      "+ (finish_reason = 'stop')::INT AND len(token_logprobs) = len(token_ids) AND (n_tokens = 0 OR abs(list_sum("
+                      "token_logprobs[1:n_tokens]) / n_tokens - mean_logprob) < 1e-4)) AS ok FROM rollouts "
+                      "WHERE run_id = 'e2e'").to_pylist()[0]
+    assert kept["n"] > 0 and kept["ok"] == kept["n"], kept
     # version 0's numbers are what the same sampling and the verifier give on the held-out prompts
     from models.backend import Sampling
     from models.registry import load_backend

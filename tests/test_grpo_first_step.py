@@ -73,3 +73,43 @@ def test_the_old_pass_leaves_out_the_first_steps_rows(tiny_backend, monkeypatch)
         _train(b, None, seqs, cfg, on_policy, False)
         # seed 3's first step of 5 rows holds the batch's one LoPE row, which keeps its old pass: 4 rows leave
         assert counted == ([len(seqs) - 4] if on_policy else [len(seqs)])
+
+
+@pytest.mark.parametrize("reference_is_policy", [True, False])
+def test_the_samplers_log_probs_train_as_the_old_pass(tiny_backend, monkeypatch, reference_is_policy):
+    """Rows that carry their sampler's log-probs (the transformers backend's decode loop at T = 0.7, a LoPE row
+    sampled under its Lorem prompt) need no old pass, and three steps at a large learning rate train as with
+    the old pass over every row: the same step rows, weights within 1% of a step. The sampler's numbers are
+    the old pass's to float rounding (other kernels: packed products and a KV cache)."""
+    from models.backend import Sampling
+    from tasks.core.grpo import Sequence
+
+    b = tiny_backend
+    base, _ = _batch(b)
+    behaviour = [s.behaviour_ids or s.prompt_ids for s in base]
+    out = b.generate_ids(behaviour, 1, Sampling(0.7, 1.0, 10, 0), row_seeds=list(range(len(base))))
+    given = [Sequence(s.prompt_ids, g[0].sampled_ids, s.advantage, s.behaviour_ids, g[0].sampled_logprobs)
+             for s, g in zip(base, out)]
+    plain = [Sequence(s.prompt_ids, s.completion_ids, s.advantage, s.behaviour_ids) for s in given]
+    recomputed = grpo.batched_logprobs(b.model, behaviour, [s.completion_ids for s in given], b.pad_id, "cpu", "fp32",
+                                       64, 10_000_000, 0.7, True)
+    gap = max((torch.tensor(s.sampled_logprobs) - r).abs().max().item() for s, r in zip(given, recomputed))
+    assert gap < 1e-4, gap
+    counted: list[int] = []
+    real = grpo.batched_logprobs
+
+    def counting(model, prompts, comps, *args):
+        counted.append(len(prompts))
+        return real(model, prompts, comps, *args)
+
+    monkeypatch.setattr(grpo, "batched_logprobs", counting)
+    cfg = CFG.model_copy(update={"lr": 1e-2, "rows_per_step": 3, "sft_weight": 0.0})
+    ref = None if reference_is_policy else _reference(b)
+    rows_given, model_given = _train(b, ref, given, cfg, True, reference_is_policy)
+    # no old pass; the reference pass: round 0's for the LoPE row under its plain prompt, else every row's
+    assert counted == ([1] if reference_is_policy else [len(given)])
+    rows_plain, model_plain = _train(b, ref, plain, cfg, True, reference_is_policy)
+    assert max(r["clip_frac"] for r in rows_plain[1:]) > 0
+    _rows_match(rows_given, rows_plain)
+    for (name, p), q in zip(model_given.named_parameters(), model_plain.parameters()):
+        assert torch.allclose(p, q, rtol=0, atol=1e-4), (name, (p - q).abs().max())

@@ -330,6 +330,8 @@ def test_grpo_trains_on_the_mixed_groups(run):
         assert 0 < g["mixed"] < g["n"]
         t = trained[g["round"]]
         assert (t["groups"], t["zero_variance_groups"]) == (g["mixed"], g["n"] - g["mixed"])
+        # fp32 scripted sampling reports the model's own scores: every row's old log-probs are its sampler's
+        assert t["sampler_logprobs"] == t["sequences"] > 0
     steps = q(store, f"SELECT round, pg_loss, entropy, grad_norm FROM train_steps WHERE run_id = '{RUN}' ORDER BY 1")
     assert [s["round"] for s in steps] == [0, 1, 2]
     assert all(s["pg_loss"] != 0 and s["entropy"] is not None and s["grad_norm"] > 0 for s in steps)

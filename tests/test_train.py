@@ -329,3 +329,32 @@ def test_train_stage_trains_at_the_rollout_temperature(store, tiny_backend):
 
     assert entropy["entropy"] == pytest.approx(mean_entropy(0.5), rel=1e-5)
     assert abs(mean_entropy(1.0) - mean_entropy(0.5)) > 0.1
+
+
+def test_a_rollout_trains_on_its_sampled_ids_and_their_log_probs(tiny_backend):
+    """A row with `token_ids` trains on them as sampled (here ids its text would not encode to) and, when the
+    sampler computed as the trainer does, takes `token_logprobs` as its old log-probs; a row without them
+    encodes its text again and gets an old pass. Which samplers compute as the trainer: fp32 transformers or
+    scripted, not vLLM or bf16."""
+    import polars as pl
+
+    from tasks.train import rollout_sequences, sampler_computes_as_trainer
+
+    tok = tiny_backend.tokenizer
+    plain = "<|im_start|>user\nQ<|im_end|>\n<|im_start|>assistant\n"
+    sampled = [[72, 33, 2], [5, 6, 7, 8]]  # a stop (end token 2) and a length cut
+    rows = [{"prompt_id": "p", "sample_idx": j, "prompt_text": plain, "completion": f"answer {j}",
+             "reward": float(j), "finish_reason": "stop" if j != 1 else "length", "augmentation": None,
+             "token_ids": sampled[j] if j < 2 else None, "token_logprobs": [-0.5] * len(sampled[j]) if j < 2 else None}
+            for j in range(3)]
+    frame = pl.DataFrame(rows, schema_overrides={"token_ids": pl.List(pl.Int32), "token_logprobs": pl.List(pl.Float32)})
+    seqs, used, _ = rollout_sequences(frame, tok, tok.eos_token_id, True, 16, sampler_logprobs=True)
+    assert used == 1 and [s.completion_ids for s in seqs[:2]] == sampled
+    assert seqs[2].completion_ids == tok("answer 2", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert [s.sampled_logprobs for s in seqs] == [[-0.5] * 3, [-0.5] * 4, None]
+    seqs, _, _ = rollout_sequences(frame, tok, tok.eos_token_id, True, 16)  # a sampler that computes otherwise
+    assert [s.completion_ids for s in seqs[:2]] == sampled and all(s.sampled_logprobs is None for s in seqs)
+    assert sampler_computes_as_trainer("transformers", "fp32", "cpu")
+    assert sampler_computes_as_trainer("scripted", "fp32", "cpu")
+    assert not sampler_computes_as_trainer("vllm", "fp32", "cuda")
+    assert not sampler_computes_as_trainer("transformers", "bf16", "cpu")

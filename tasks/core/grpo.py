@@ -64,6 +64,10 @@ class TrainConfig(Section):
     shared_prefix: bool = Field(True, description="run each distinct prompt of a forward pass once, packed with "
                                 "its completions (tasks/core/prefix.py; same loss and gradients "
                                 "to float tolerance); false: every row runs prompt + completion")
+    old_logprobs: Literal["auto", "recompute"] = Field(
+        "auto", description="auto: a rollout's old log-probs are the ones its sampler reported where the sampler ran "
+        "the trainer's own computation (transformers or scripted backend, fp32 weights, no bf16 autocast: the same "
+        "numbers to float rounding) and the rollout holds them; recompute: an old pass over every rollout")
     group_steps: bool = Field(True, description="keep a prompt's rows together in one optimizer step "
                               "(prompt-level mini-batches, as verl's), so the training forward runs each prompt "
                               "once per group; false: rows are shuffled across steps, splitting groups")
@@ -89,6 +93,7 @@ class Sequence:
     completion_ids: list[int]
     advantage: float = 0.0
     behaviour_ids: list[int] | None = None
+    sampled_logprobs: list[float] | None = None  # the sampler's log-probs of completion_ids: the old ones, as given
 
 
 def group_advantages(rewards: list[float], scale_std: bool = True, eps: float = 1e-6) -> list[float] | None:
@@ -186,13 +191,21 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
         order.sort(key=lambda i: first[tuple(seqs[i].prompt_ids)])
     # rows whose old log-probs the first step's forward gives (None below: filled in by on_policy_or)
     current = {i for i in order[: cfg.rows_per_step] if seqs[i].behaviour_ids is None} if first_step_on_policy else set()
-    # old log-probs under the prompt each row was sampled with (a LoPE row's behaviour prompt, its own prefix)
-    need = [i for i in range(len(seqs)) if i not in current]
+    # old log-probs under the prompt each row was sampled with (a LoPE row's behaviour prompt, its own prefix):
+    # the sampler's where the row carries them, else an old pass
     old: list[torch.Tensor | None] = [None] * len(seqs)
-    for i, lp in zip(need, batched_logprobs(model, [seqs[i].behaviour_ids or seqs[i].prompt_ids for i in need],
-                                            [seqs[i].completion_ids for i in need], pad_id, device, dtype, micro,
-                                            max_tokens, temperature, shared)):
-        old[i] = lp
+    for i, s in enumerate(seqs):
+        if i not in current and s.sampled_logprobs is not None:
+            if len(s.sampled_logprobs) != len(s.completion_ids):
+                raise ValueError(f"row {i}: {len(s.sampled_logprobs)} sampled log-probs for "
+                                 f"{len(s.completion_ids)} completion tokens")
+            old[i] = torch.tensor(s.sampled_logprobs, dtype=torch.float32)
+    need = [i for i in range(len(seqs)) if i not in current and old[i] is None]
+    if need:
+        for i, lp in zip(need, batched_logprobs(model, [seqs[i].behaviour_ids or seqs[i].prompt_ids for i in need],
+                                                [seqs[i].completion_ids for i in need], pad_id, device, dtype, micro,
+                                                max_tokens, temperature, shared)):
+            old[i] = lp
     ref = None
     if reference_is_policy and cfg.kl_coef > 0 and seqs:
         ref = list(old)  # a row of the first step takes the step's own forward, as for its old log-probs
