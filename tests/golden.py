@@ -91,9 +91,9 @@ def frames_match(a: pl.DataFrame, b: pl.DataFrame, rel: float = 1e-4, abs_: floa
         return f"{a.height} rows != {b.height} rows"
     exact = [c for c in a.columns if c not in _floats(a)]
     for c in exact:
-        if not a[c].equals(b[c]):
-            for i, (x, y) in enumerate(zip(a[c], b[c])):
-                if x != y and not _same_json(x, y, rel, abs_):
+        if not a[c].equals(b[c]):  # a list of floats (rollouts.token_logprobs) compares within tolerance too
+            for i, (x, y) in enumerate(zip(a[c].to_list(), b[c].to_list())):
+                if x != y and not _same_json(x, y, rel, abs_) and not (isinstance(x, list) and _close(x, y, rel, abs_)):
                     return f"column {c} row {i}: {x!r} != {y!r}"
     for c in _floats(a):
         for i, (x, y) in enumerate(zip(a[c], b[c])):
