@@ -55,10 +55,8 @@ def test_later_steps_train_as_with_the_full_old_pass(tiny_backend, reference_is_
         assert torch.allclose(p, q, rtol=0, atol=1e-4), (name, (p - q).abs().max())
 
 
-def test_the_old_pass_leaves_out_the_first_steps_rows(tiny_backend, monkeypatch):
-    """Rows through the old pass: all 9 without; with it, all but the first step's non-LoPE rows."""
-    b = tiny_backend
-    seqs, _ = _batch(b)
+def _count_pass_rows(monkeypatch) -> list[int]:
+    """The rows of each no-gradient pass train_round runs (old and reference), appended as they run."""
     counted: list[int] = []
     real = grpo.batched_logprobs
 
@@ -67,6 +65,14 @@ def test_the_old_pass_leaves_out_the_first_steps_rows(tiny_backend, monkeypatch)
         return real(model, prompts, comps, *args)
 
     monkeypatch.setattr(grpo, "batched_logprobs", counting)
+    return counted
+
+
+def test_the_old_pass_leaves_out_the_first_steps_rows(tiny_backend, monkeypatch):
+    """Rows through the old pass: all 9 without; with it, all but the first step's non-LoPE rows."""
+    b = tiny_backend
+    seqs, _ = _batch(b)
+    counted = _count_pass_rows(monkeypatch)
     cfg = CFG.model_copy(update={"rows_per_step": 5, "sft_weight": 0.0, "kl_coef": 0.0})
     for on_policy in (False, True):
         counted.clear()
@@ -95,14 +101,7 @@ def test_the_samplers_log_probs_train_as_the_old_pass(tiny_backend, monkeypatch,
                                        64, 10_000_000, 0.7, True)
     gap = max((torch.tensor(s.sampled_logprobs) - r).abs().max().item() for s, r in zip(given, recomputed))
     assert gap < 1e-4, gap
-    counted: list[int] = []
-    real = grpo.batched_logprobs
-
-    def counting(model, prompts, comps, *args):
-        counted.append(len(prompts))
-        return real(model, prompts, comps, *args)
-
-    monkeypatch.setattr(grpo, "batched_logprobs", counting)
+    counted = _count_pass_rows(monkeypatch)
     cfg = CFG.model_copy(update={"lr": 1e-2, "rows_per_step": 3, "sft_weight": 0.0})
     ref = None if reference_is_policy else _reference(b)
     rows_given, model_given = _train(b, ref, given, cfg, True, reference_is_policy)
