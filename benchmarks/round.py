@@ -187,14 +187,14 @@ def bare_train_seconds(store: str, rnd: int, sets: list[str]) -> tuple[float, in
 
     from models.hf import autocast
     from models.registry import resolve
+    from storage.query import table_rows_with_schema
     from storage.store import Store
     from tasks.train import rollout_sequences
 
     cfg, ctx = round_of(store, rnd, sets)
-    rows = ctx.rows(Store(store), "rollouts")
-    sampled = [c for c in ("token_ids",) if c in rows.collect_schema().names()]  # the ids training runs, where kept
-    rollouts = rows.select("prompt_id", "sample_idx", "prompt_text", "completion", "reward", "finish_reason",
-                           "augmentation", *sampled).collect()
+    rollouts = table_rows_with_schema(Store(store), "rollouts", [  # token_ids: the ids training runs, where kept
+        "prompt_id", "sample_idx", "prompt_text", "completion", "reward", "finish_reason", "augmentation",
+        "token_ids"], ctx.run_id, ctx.round)
     model = AutoModelForCausalLM.from_pretrained(resolve(cfg.model.policy), dtype=torch.float32)
     tok = AutoTokenizer.from_pretrained(resolve(cfg.model.policy))
     seqs, _, _ = rollout_sequences(rollouts, tok, tok.eos_token_id, True, cfg.rollout.max_new_tokens)

@@ -100,11 +100,20 @@ def scan(store: Store, table: str) -> pl.LazyFrame:
 
 
 
-def table_rows_with_schema(store: Store, table: str, columns: list[str]) -> pl.DataFrame:
-    """`columns` of `table`'s landed rows, read with the table's schema: a column added after some files were
-    written reads as null there (scan's polars reader takes its columns from the first file)."""
+def table_rows_with_schema(store: Store, table: str, columns: list[str], run_id: str | None = None,
+                           round: int | None = None) -> pl.DataFrame:
+    """`columns` of `table`'s landed rows (of `run_id`'s round `round` when given), read with the table's
+    schema: a column added after some files were written reads as null there (scan's polars reader takes its
+    columns from the first file, so a store whose first file predates a column would hide it everywhere)."""
     data = _dataset(store, table)
-    return pl.from_arrow(data.select(columns) if isinstance(data, pa.Table) else data.to_table(columns=columns))
+    if isinstance(data, pa.Table):
+        return pl.from_arrow(data.select(columns))
+    where = None
+    for name, value in (("run_id", run_id), ("round", round)):
+        if value is not None:
+            cond = ds.field(name) == value
+            where = cond if where is None else where & cond
+    return pl.from_arrow(data.to_table(columns=columns, filter=where))
 
 
 # ---- layer 2: a connection that can read the landed data and nothing else ---------------------------------

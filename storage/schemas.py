@@ -33,8 +33,8 @@ _ROLLOUT_FIELDS = [  # `rollouts`, and `discarded_rollouts` around its two extra
     _f("verify_timeout", pa.bool_(), True),  # the verifier overran its timeout (scored 0); null: older rows
     # the completion's token ids as sampled, its end token included when it stopped, and each one's log-prob at
     # the sampling temperature as the sampler reported it: what training runs and its old log-probs
-    # (tasks/train.py). Null where the backend did not report them all (the scripted policy's end token,
-    # imported rows, older rows): training then encodes `completion` again
+    # (tasks/train.py). Null where the backend did not report them all (a text-only endpoint, an end token
+    # without its id), in imported rows and in older rows: training then encodes `completion` again
     _f("token_ids", pa.list_(pa.int32()), True),
     _f("token_logprobs", pa.list_(pa.float32()), True),
 ]

@@ -37,6 +37,7 @@ import polars as pl
 import pyarrow as pa
 import torch
 
+from storage.query import table_rows_with_schema
 from storage.rounds import prompts
 from storage.store import Store, fault_point
 from tasks.core.fewshot import ask
@@ -84,15 +85,19 @@ def rollout_sequences(rollouts: pl.DataFrame, tokenizer, eos_id: int, scale_std:
     return seqs, used, skipped
 
 
-def sampler_computes_as_trainer(backend: str, dtype: str, device: str) -> bool:
+def sampler_computes_as_trainer(backend: str, dtype: str, device: str, remote_workers: bool = False) -> bool:
     """Whether the log-probs a rollout's sampler reported are the numbers the trainer's old pass would compute:
     the transformers backend (or the scripted policy, which reports that model's scores) with fp32 weights, as
     the trainer runs without bf16 autocast. The decode loop's kernels differ from the trainer's (oneDNN's packed
-    products, a KV cache), by float rounding only (tests/test_train.py measures it). vLLM, bf16 weights and
-    bf16 autocast compute them otherwise: the old pass recomputes them there."""
+    products, a KV cache), by float rounding only (tests/test_grpo_first_step.py measures it). vLLM, bf16
+    weights and bf16 autocast compute them otherwise: the old pass recomputes them there. With `remote_workers`
+    (collect sharded over Ray workers, which may run on CPUs with native bf16 where "auto" picks bf16) only an
+    explicit fp32 counts."""
     from models.hf import native_bf16
 
-    return backend in ("transformers", "scripted") and not (dtype == "bf16" or (dtype == "auto" and native_bf16(device)))
+    if backend not in ("transformers", "scripted") or dtype == "bf16":
+        return False
+    return dtype == "fp32" or not (remote_workers or native_bf16(device))
 
 
 def load_trainable(path: str, cfg: TrainConfig, device: str):
@@ -123,10 +128,10 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     from storage.checkpoints import newest_checkpoint
 
     run_id, round, policy_version, base = ctx.run_id, ctx.round, ctx.policy_version, ctx.base
-    rows = ctx.rows(store, "rollouts")
-    sampled = [c for c in ("token_ids", "token_logprobs") if c in rows.collect_schema().names()]  # not in old stores
-    rollouts = rows.select("prompt_id", "sample_idx", "prompt_text", "completion", "reward", "finish_reason",
-                           "augmentation", *sampled).collect()
+    # read with the table's schema: token_ids / token_logprobs are null in files written before they existed
+    rollouts = table_rows_with_schema(store, "rollouts", ["prompt_id", "sample_idx", "prompt_text", "completion",
+                                                          "reward", "finish_reason", "augmentation", "token_ids",
+                                                          "token_logprobs"], run_id, round)
     shaped = ctx.rows(store, "shaped_traces").filter(pl.col("correct")).select("prompt_id", "text").collect()
     device = ctx.model.device
     path = resolve(ctx.policy)
@@ -135,8 +140,8 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     seqs, used, skipped = rollout_sequences(rollouts, tokenizer, eos_id, cfg.scale_std, rollout_cfg.max_new_tokens,
-                                            sampler_logprobs=cfg.old_logprobs == "auto"
-                                            and sampler_computes_as_trainer(ctx.model.backend, ctx.model.dtype, device))
+                                            sampler_logprobs=cfg.old_logprobs == "auto" and sampler_computes_as_trainer(
+                                                ctx.model.backend, ctx.model.dtype, device, ctx.scale.rollout_workers > 1))
     sft: list[Sequence] = []
     if shaped.height and cfg.sft_weight > 0:
         questions = dict(prompts(store, "text").collect().iter_rows())

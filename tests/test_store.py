@@ -175,3 +175,29 @@ def test_newest_checkpoint_is_the_newest_trained_version_before_a_round(store, t
     assert policy_for_round(store, "r", 1, "base") == (1, str(tmp_path / "v1"))
     with pytest.raises(FileNotFoundError, match="checkpoint v2 is recorded at .*, but that folder is gone"):
         policy_for_round(store, "r", 2, "base")
+
+
+def test_a_column_added_later_reads_where_it_was_written_even_behind_older_files(store, monkeypatch):
+    """A store whose first rollouts file predates `token_ids` (an older run): polars' scan takes its columns
+    from that file and hides the column everywhere; `table_rows_with_schema` reads it where it was written
+    (null in the older file), for one run and round."""
+    import polars as pl
+
+    from storage.rounds import this_round
+
+    def rows(run_id: str, ids) -> pa.Table:
+        return pa.Table.from_pylist([{"run_id": run_id, "round": 0, "policy_version": 0, "prompt_id": "p",
+                                      "sample_idx": 0, "prompt_text": "Q", "completion": "a", "reward": 1.0,
+                                      "correct": True, "n_tokens": 1, "finish_reason": "stop",
+                                      **({"token_ids": ids} if ids is not None else {})}])
+
+    older = pa.schema([f for f in TABLES["rollouts"] if f.name not in ("token_ids", "token_logprobs")])
+    with monkeypatch.context() as m:  # written by code from before the two columns
+        m.setitem(TABLES, "rollouts", older)
+        store.commit("collect", {"rollouts": rows("a-old", None)}, run_id="a-old", round=0)
+    store.commit("collect", {"rollouts": rows("b-new", [7, 2])}, run_id="b-new", round=0)
+    assert "token_ids" not in this_round(store, "rollouts", "b-new", 0).collect_schema().names()  # the trap
+    got = query.table_rows_with_schema(store, "rollouts", ["run_id", "token_ids"], "b-new", 0)
+    assert got.to_dicts() == [{"run_id": "b-new", "token_ids": [7, 2]}]
+    both = query.table_rows_with_schema(store, "rollouts", ["run_id", "token_ids"]).sort("run_id")
+    assert both["token_ids"].to_list() == [None, [7, 2]] and both.schema["token_ids"] == pl.List(pl.Int32)

@@ -358,3 +358,6 @@ def test_a_rollout_trains_on_its_sampled_ids_and_their_log_probs(tiny_backend):
     assert sampler_computes_as_trainer("scripted", "fp32", "cpu")
     assert not sampler_computes_as_trainer("vllm", "fp32", "cuda")
     assert not sampler_computes_as_trainer("transformers", "bf16", "cpu")
+    # Ray rollout workers may sit on CPUs where "auto" picks bf16: only an explicit fp32 counts there
+    assert not sampler_computes_as_trainer("transformers", "auto", "cpu", remote_workers=True)
+    assert sampler_computes_as_trainer("transformers", "fp32", "cpu", remote_workers=True)
