@@ -92,10 +92,15 @@ def kv_bytes_per_token(model: torch.nn.Module) -> int:
     return c.num_hidden_layers * 2 * heads * head_dim * next(model.parameters()).element_size()
 
 
+def bf16_chosen(device: str, dtype: str) -> bool:
+    """Whether `dtype` asks for bf16 ("bf16") or allows it ("auto") on a device that computes bf16 natively."""
+    return dtype == "bf16" or (dtype == "auto" and native_bf16(device))
+
+
 def autocast(device: str, dtype: str):
     """bf16 autocast where `dtype` asks for it ("bf16"), or allows it ("auto") on a device that computes bf16
     natively; else no autocast."""
-    if dtype == "bf16" or (dtype == "auto" and native_bf16(device)):
+    if bf16_chosen(device, dtype):
         return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -118,7 +123,7 @@ class TransformersBackend:
         self.device, self.dtype, self.batch_size = device, dtype, batch_size
         self.score_chunk_tokens = score_chunk_tokens
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
-        self.bf16 = dtype == "bf16" or (dtype == "auto" and native_bf16(device))
+        self.bf16 = bf16_chosen(device, dtype)
         sdpa_native_gqa(device)
         weights = torch.bfloat16 if self.bf16 else torch.float32
         own = model is None
@@ -387,7 +392,7 @@ class TransformersBackend:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        layer_kv, mask = left_padded(states, cuts, self.model.config.num_hidden_layers)
+        layer_kv, mask = left_padded(states, cuts)
         for layer, (k, v) in enumerate(layer_kv):
             cache.update(k.to(self.device), v.to(self.device), layer)
         return cache, mask

@@ -49,7 +49,7 @@ def check_cuts(states: list[SeqState | None], cuts: list[int]) -> None:
             raise ValueError(f"states: cut {cut} of row {r} is outside its state of {len(s) if s else 0} tokens")
 
 
-def left_padded(states: list[SeqState | None], cuts: list[int], layers: int
+def left_padded(states: list[SeqState | None], cuts: list[int]
                 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
     """Each layer's keys and values of the prefixes states[r][:cuts[r]], right-aligned in one [rows, kv_heads,
     width, head_dim] tensor (padding zeroed: masked columns must hold finite numbers), and their attention
@@ -63,7 +63,7 @@ def left_padded(states: list[SeqState | None], cuts: list[int], layers: int
     like = next(s for s, cut in zip(states, cuts) if cut)
     k0 = like.keys[0]
     out = []
-    for layer in range(layers):
+    for layer in range(len(like.keys)):
         k = k0.new_zeros(len(cuts), k0.shape[0], width, k0.shape[2])
         v = torch.zeros_like(k)
         for r, (s, cut) in enumerate(zip(states, cuts)):

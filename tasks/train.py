@@ -93,11 +93,11 @@ def sampler_computes_as_trainer(backend: str, dtype: str, device: str, remote_wo
     weights and bf16 autocast compute them otherwise: the old pass recomputes them there. With `remote_workers`
     (collect sharded over Ray workers, which may run on CPUs with native bf16 where "auto" picks bf16) only an
     explicit fp32 counts."""
-    from models.hf import native_bf16
+    from models.hf import bf16_chosen
 
-    if backend not in ("transformers", "scripted") or dtype == "bf16":
+    if backend not in ("transformers", "scripted"):
         return False
-    return dtype == "fp32" or not (remote_workers or native_bf16(device))
+    return dtype == "fp32" if remote_workers else not bf16_chosen(device, dtype)
 
 
 def load_trainable(path: str, cfg: TrainConfig, device: str):

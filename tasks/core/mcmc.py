@@ -131,6 +131,7 @@ class ChainStates:
         self.backend = backend
         self.pi, lps = backend.open_states([t.prompt_ids for t in traces], [t.ids for t in traces])
         self.q, self.q_lp = backend.open_states([t.context_ids for t in traces], [t.ids for t in traces])
+        self.pending: dict = {}  # the policy states the step's scored proposals would leave
         for t, lp in zip(traces, lps):
             t.lp, t.start_lp = lp, list(lp)
 
@@ -142,24 +143,23 @@ class ChainStates:
         return out, {k: self.q_lp[k][cuts[k]:] for k in movable}
 
     def score_new(self, traces: list[Trace], live: list[int], cuts: list[int], suffixes: dict[int, list[int]]
-                  ) -> dict[int, tuple[list[float], object]]:
-        """pi(s' | x, y_<i) of each live proposal, with the policy state it would leave."""
+                  ) -> dict[int, list[float]]:
+        """pi(s' | x, y_<i) of each live proposal; the policy state each would leave is kept for `accept`."""
         states, lps = self.backend.extend_states([self.pi[k] for k in live],
                                                  [len(traces[k].prompt_ids) + cuts[k] for k in live],
-                                                 [suffixes[k] for k in live])
-        return {k: (lp, st) for k, lp, st in zip(live, lps, states)}
+                                                 [suffixes[k] for k in live]) if live else ([], [])
+        self.pending = dict(zip(live, states))
+        return dict(zip(live, lps))
 
-    def accept(self, traces: list[Trace], moved: dict[int, object], cuts: list[int],
-               suffixes: dict[int, list[int]]) -> None:
+    def accept(self, traces: list[Trace], moved: list[int], cuts: list[int], suffixes: dict[int, list[int]]) -> None:
         """The accepted moves' states: the policy's as scored, the proposal's extended by s' from the cut."""
-        ks = list(moved)
-        if not ks:
-            return
-        states, lps = self.backend.extend_states([self.q[k] for k in ks],
-                                                 [len(traces[k].context_ids) + cuts[k] for k in ks],
-                                                 [suffixes[k] for k in ks])
-        for k, st, lp in zip(ks, states, lps):
-            self.pi[k], self.q[k], self.q_lp[k] = moved[k], st, self.q_lp[k][:cuts[k]] + lp
+        if moved:
+            states, lps = self.backend.extend_states([self.q[k] for k in moved],
+                                                     [len(traces[k].context_ids) + cuts[k] for k in moved],
+                                                     [suffixes[k] for k in moved])
+            for k, st, lp in zip(moved, states, lps):
+                self.pi[k], self.q[k], self.q_lp[k] = self.pending[k], st, self.q_lp[k][:cuts[k]] + lp
+        self.pending = {}
 
 
 def keeps_states(backend: TokenBackend, traces: list[Trace], max_new_tokens: int) -> bool:
@@ -229,75 +229,35 @@ def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, m
         if c.stop_logprob is not None and len(c.logprobs) == len(c.token_ids):
             q_sampled[k] = list(c.logprobs) + [c.stop_logprob]
     live = [k for k, n in enumerate(news) if n is not None]
-    if states is not None:
-        return _decide(traces, cuts, us, news, q_old_of, q_sampled, variant, states)
-    score_p, score_c = [], []
-    for k in live:
-        t, i, (_, suffix) = traces[k], cuts[k], news[k]
-        score_p += [t.prompt_ids + t.ids[:i]]  # pi(s' | x, y_<i)
-        score_c += [suffix]
-        if variant == "mh":
-            if k not in q_old_of:  # q(s | c, y_<i), where the proposal's prefill did not score it
-                score_p += [t.context_ids + t.ids[:i]]
-                score_c += [t.ids[i:]]
-            if k not in q_sampled:  # q(s' | c, y_<i), where the sampler did not report it
-                score_p += [t.context_ids + t.ids[:i]]
-                score_c += [suffix]
-    scored = backend.score_ids(score_p, score_c) if score_p else []
-    at = 0
-    for k, (t, i, u) in enumerate(zip(traces, cuts, us)):
-        if news[k] is None:
-            t.decisions.append(False)
-            continue
-        new, suffix = news[k]
-        pi_new = scored[at]
-        new_lp = t.lp[:i] + pi_new
-        if variant == "mh":
-            at += 1
-            if k in q_old_of:
-                q_old = q_old_of[k]
-            else:
-                q_old, at = scored[at], at + 1
-            if k in q_sampled:
-                q_new = q_sampled[k]
-            else:
-                q_new, at = scored[at], at + 1
-            log_a = mh_log_accept(sum(pi_new), sum(t.lp[i:]), sum(q_old), sum(q_new), len(t.ids), len(new))
-            accept = math.log(max(u, 1e-300)) < min(0.0, log_a)
-        else:
-            at += 1
-            accept = mean(new_lp) > mean(t.lp)
-        t.decisions.append(accept)
-        if accept:
-            t.ids, t.lp = new, new_lp
-            t.accepted += 1
-
-
-def _decide(traces: list[Trace], cuts: list[int], us: list[float], news: list, q_old_of: dict[int, list[float]],
-            q_sampled: dict[int, list[float]], variant: str, states: ChainStates) -> None:
-    """The decisions of a step whose chains keep states: pi(s') from extending the policy states, q(s) from
-    the proposal states, q(s') from the sampler (scored by extending the proposal state where it did not
-    report it)."""
-    live = [k for k, n in enumerate(news) if n is not None]
     suffixes = {k: news[k][1] for k in live}
-    scored = states.score_new(traces, live, cuts, suffixes) if live else {}
-    missing = [k for k in live if variant == "mh" and k not in q_sampled]
-    if missing:  # a backend whose sampler does not report the end token's log-prob
-        _, lps = states.backend.extend_states([states.q[k] for k in missing],
-                                              [len(traces[k].context_ids) + cuts[k] for k in missing],
-                                              [suffixes[k] for k in missing])
-        q_sampled = {**q_sampled, **dict(zip(missing, lps))}
-    moved = {}
+    # the three terms per live move: from the chains' states and the proposal where they give them, the rest in
+    # one score call: pi(s' | x, y_<i), q(s | c, y_<i), q(s' | c, y_<i)
+    terms = {"pi_new": states.score_new(traces, live, cuts, suffixes) if states is not None else {},
+             "q_old": q_old_of, "q_new": q_sampled}
+    wanted, score_p, score_c = [], [], []
+    for k in live:
+        t, i, suffix = traces[k], cuts[k], suffixes[k]
+        rows = [("pi_new", t.prompt_ids + t.ids[:i], suffix)]
+        if variant == "mh":
+            rows += [("q_old", t.context_ids + t.ids[:i], t.ids[i:]), ("q_new", t.context_ids + t.ids[:i], suffix)]
+        for name, prompt, cont in rows:
+            if k not in terms[name]:
+                wanted.append((name, k))
+                score_p.append(prompt)
+                score_c.append(cont)
+    for (name, k), lp in zip(wanted, backend.score_ids(score_p, score_c) if score_p else []):
+        terms[name][k] = lp
+    moved = []
     for k, (t, i, u) in enumerate(zip(traces, cuts, us)):
         if news[k] is None:
             t.decisions.append(False)
             continue
-        new, suffix = news[k]
-        pi_new, pi_state = scored[k]
+        new, _ = news[k]
+        pi_new = terms["pi_new"][k]
         new_lp = t.lp[:i] + pi_new
         if variant == "mh":
-            log_a = mh_log_accept(sum(pi_new), sum(t.lp[i:]), sum(q_old_of[k]), sum(q_sampled[k]), len(t.ids),
-                                  len(new))
+            log_a = mh_log_accept(sum(pi_new), sum(t.lp[i:]), sum(terms["q_old"][k]), sum(terms["q_new"][k]),
+                                  len(t.ids), len(new))
             accept = math.log(max(u, 1e-300)) < min(0.0, log_a)
         else:
             accept = mean(new_lp) > mean(t.lp)
@@ -305,8 +265,9 @@ def _decide(traces: list[Trace], cuts: list[int], us: list[float], news: list, q
         if accept:
             t.ids, t.lp = new, new_lp
             t.accepted += 1
-            moved[k] = pi_state
-    states.accept(traces, moved, cuts, suffixes)
+            moved.append(k)
+    if states is not None:
+        states.accept(traces, moved, cuts, suffixes)
 
 
 def shape_traces(backend: TokenBackend, traces: list[Trace], steps: int, variant: str = "mh", max_new_tokens: int = 64,
