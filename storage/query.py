@@ -29,6 +29,8 @@ DuckDB resolves relative paths against its working directory, so it is opened fr
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 import uuid
 
@@ -106,14 +108,10 @@ def table_rows_with_schema(store: Store, table: str, columns: list[str], run_id:
     schema: a column added after some files were written reads as null there (scan's polars reader takes its
     columns from the first file, so a store whose first file predates a column would hide it everywhere)."""
     data = _dataset(store, table)
-    if isinstance(data, pa.Table):
+    if isinstance(data, pa.Table):  # no file landed: the empty table
         return pl.from_arrow(data.select(columns))
-    where = None
-    for name, value in (("run_id", run_id), ("round", round)):
-        if value is not None:
-            cond = ds.field(name) == value
-            where = cond if where is None else where & cond
-    return pl.from_arrow(data.to_table(columns=columns, filter=where))
+    conds = [ds.field(name) == value for name, value in (("run_id", run_id), ("round", round)) if value is not None]
+    return pl.from_arrow(data.to_table(columns=columns, filter=functools.reduce(operator.and_, conds) if conds else None))
 
 
 # ---- layer 2: a connection that can read the landed data and nothing else ---------------------------------
