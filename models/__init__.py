@@ -1,5 +1,5 @@
-"""Policy backends, checkpoints and memory handling. Importing the package caps oneDNN's primitive cache
-(models/memory.py bound_onednn_cache) before any model code runs a kernel."""
+"""Policy backends, checkpoints and memory handling. Importing the package caps oneDNN's and ideep's
+primitive caches (models/memory.py bound_onednn_cache) before any model code runs a kernel."""
 
 from models.memory import bound_onednn_cache
 
