@@ -1,5 +1,6 @@
 """models/memory.py: release_memory returns freed heap pages to the OS (glibc), which a plain gc.collect does not."""
 
+import os
 import subprocess
 import sys
 
@@ -37,19 +38,16 @@ def test_release_memory_returns_freed_heap_to_the_os():
 def test_importing_models_caps_the_primitive_caches_unless_the_environment_sets_them(variable, preset, expected):
     """oneDNN and ideep read their cache capacities when they first build a primitive; importing `models` must
     set them before then (a bf16 matmul after the import), and a user's own setting wins."""
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != variable}
-    if preset is not None:
-        env[variable] = preset
     code = f"import os, models; print(os.environ['{variable}'])"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=environment_with(variable, preset))
     assert out.stdout.strip() == expected
 
 
 SHAPES_PROBE = r"""
-import ctypes, gc
-import models, torch
+import ctypes
+import torch
+from models.memory import release_memory
 
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in
@@ -59,8 +57,7 @@ libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = Mallinfo2
 
 def in_use_mb():
-    gc.collect()
-    libc.malloc_trim(0)
+    release_memory()
     info = libc.mallinfo2()
     return (info.uordblks + info.hblkhd) / 2**20
 
@@ -78,22 +75,25 @@ print(in_use_mb() - before)
 def test_bf16_matmuls_of_many_shapes_leave_little_heap_behind():
     """ideep's per-thread primitive cache, at its default 1024 entries, kept what it built for every shape a
     bf16 matmul met (about 50 MB over 80 shapes here, 0.19 GiB over a training round); capped by importing
-    `models`, a quarter of that or less. Only where torch runs bf16 matmuls through oneDNN."""
-    import os
-
+    `models`, less than half of it (12.7 MB here). Only where torch runs bf16 matmuls through oneDNN."""
     import torch
 
     if not sys.platform.startswith("linux") or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("bf16 matmuls do not run through oneDNN on this CPU")
 
     def left_mb(capacity: str | None) -> float:
-        env = {k: v for k, v in os.environ.items() if k != "LRU_CACHE_CAPACITY"}
-        if capacity is not None:
-            env["LRU_CACHE_CAPACITY"] = capacity
         out = subprocess.run([sys.executable, "-c", SHAPES_PROBE], capture_output=True, text=True, check=True,
-                             env=env)
+                             env=environment_with("LRU_CACHE_CAPACITY", capacity))
         return float(out.stdout.split()[-1])
 
     uncapped, capped = left_mb("1024"), left_mb(None)
     assert uncapped > 25, f"the probe's 80 shapes left only {uncapped:.1f} MB uncapped: it measures nothing"
     assert capped < uncapped / 2, f"{capped:.1f} MB left with the cap against {uncapped:.1f} MB without"
+
+
+def environment_with(variable: str, value: str | None) -> dict[str, str]:
+    """This process's environment with `variable` set to `value`, or unset when None."""
+    env = {k: v for k, v in os.environ.items() if k != variable}
+    if value is not None:
+        env[variable] = value
+    return env
