@@ -17,8 +17,9 @@ Choices:
 - rows are addressed by (group, slot): slot j is sample j of its prompt, so a group's queries form a [n, ...]
   block without gathering keys; rows that left leave a zero query in their slot (computed, never read back);
 - the SDPA entry of transformers' attention registry is wrapped once (`install`): a call that carries
-  `shared_prompts` (a decode step of one token per row) takes the cascade, every other call (prefill, scoring,
-  training, other models) goes to SDPA unchanged;
+  `shared_prompts` (a decode step of one token per row) takes the cascade, a bf16 decode step the float32
+  attention of models/decode_attention.py, every other call (prefill, scoring, training, other models) goes
+  to SDPA unchanged;
 - float32 caches only (a CPU without native bf16, where it was measured): a bf16 product would round the
   scores to bf16 before the softmax, where SDPA keeps them in float32, so bf16 caches stay on SDPA;
 - a step takes the cascade only where it pays (`step`, the MIN_* thresholds below, measured on 2 AVX2 cores).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from models import decode_attention
 from models.decoding import left_pad
 
 SHARED_KWARG = "shared_prompts"  # the keyword a decode step hands its SharedPrompts to the attention by
@@ -167,7 +169,8 @@ _installed = False
 
 
 def install() -> None:
-    """Wrap transformers' SDPA attention once, so a call carrying `shared_prompts` takes the cascade."""
+    """Wrap transformers' SDPA attention once, so a call carrying `shared_prompts` takes the cascade, and a
+    bf16 decode step on the CPU takes models/decode_attention.py."""
     global _installed
     if _installed:
         return
@@ -176,11 +179,13 @@ def install() -> None:
 
     def sdpa_or_cascade(module, query, key, value, attention_mask, *args, **kwargs):
         shared = kwargs.pop(SHARED_KWARG, None)
-        if shared is None or not shared.active or query.shape[2] != 1:
-            return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
         scaling = kwargs.get("scaling")
-        return shared.attend(module.layer_idx, query, key, value,
-                             scaling if scaling is not None else query.shape[-1] ** -0.5), None
+        scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if shared is not None and shared.active and query.shape[2] == 1:
+            return shared.attend(module.layer_idx, query, key, value, scaling), None
+        if not args and decode_attention.applies(query, key, attention_mask, kwargs):
+            return decode_attention.attend(query, key, value, attention_mask, scaling), None
+        return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
 
     AttentionInterface.register("sdpa", sdpa_or_cascade)
     _installed = True

@@ -20,9 +20,13 @@ batch to its longest prompt. Here
   `sdpa_native_gqa` tells transformers to pass it (its TRANSFORMERS_SDPA_FORCE_GQA switch; on CUDA a mask
   with GQA falls back to the math kernel, so it stays off there). Same results to bf16 rounding (sampled-token
   log-probs against an fp32 forward: median error 0.009 either way); decode ~1.5x faster on 2 cores;
-- fp32 decode steps on the CPU multiply their few rows by weights that oneDNN reordered once into its blocked
-  layout (models/packed.py), 1.15-1.6x faster per step than MKL's GEMM from 1 to 64 rows on 2 AVX2 cores; prefill
-  and scoring stay on MKL;
+- decode steps on the CPU multiply their few rows by weights that oneDNN reordered once into its blocked
+  layout (models/packed.py; fp32, and bf16 where native), 1.15-1.6x faster per fp32 step than MKL's GEMM from
+  1 to 64 rows on 2 AVX2 cores; prefill and scoring stay on MKL;
+- a bf16 decode step's attention runs in float32 (models/decode_attention.py): torch's CPU SDPA over a bf16
+  cache is 2.3-4.6x slower than the cast for one query token per row. With the packed bf16 linears a decode
+  step over 300 tokens of context took 1.13x, 1.93x and 2.40x less time at 1, 8 and 32 rows on 2 AVX512_BF16
+  cores (benchmarks/decode_step.py);
 - the KV cache lives in preallocated buffers with spare columns (models/decoding.py BufferedLayer): a decode
   step writes its column in place, where transformers' DynamicCache copies the whole cache at every step;
 - sampling inverts each row's cumulative distribution with one uniform (models/decoding.py draw), one

@@ -1,4 +1,5 @@
-"""Prepacked fp32 linear layers for the CPU decode loop (models/hf.py).
+"""Prepacked linear layers for the CPU decode loop (models/hf.py): fp32 weights, and bf16 weights where oneDNN
+computes bf16 natively (AVX512_BF16 or AMX).
 
 A decode step multiplies a few rows (one token per row, at most the batch size) by every weight matrix. MKL's
 GEMM, which `nn.Linear` calls on CPU, runs such thin products far from the machine's limits: on 2 AVX2 cores a
@@ -6,19 +7,23 @@ decode step of SmolLM2-135M over 300 tokens of context took 141-184 ms at 4-16 r
 of 3, interleaved). oneDNN's matmul over weights reordered once into its own blocked layout
 (`torch.ops.mkldnn._reorder_linear_weight` and `_linear_pointwise`, the kernels torch.compile's CPU weight
 freezing emits) took 89-146 ms and 350 ms: 1.15-1.6x from 1 to 64 rows (table in docs/performance.md;
-benchmarks/shape.py --baseline measures it in context).
+benchmarks/shape.py --baseline measures it in context). bf16 weights gain alike: on 2 AVX512_BF16 cores (no
+AMX) the model's products took 1.1-2.2x less time packed than through `F.linear` from 1 to 32 rows, the
+49,152-wide output layer 2.0-2.2x at 1-8 rows (benchmarks/decode_step.py, which also times the decode step).
 
 Choices:
-- fp32 weights on the CPU only, without gradients, and only for calls of at most `MAX_ROWS` rows (the decode
-  steps): prefill, scoring and training multiply hundreds of rows, where MKL was as fast or faster (oneDNN
-  0.8-0.9x on the 1536 -> 576 projection at 128-2048 rows);
+- fp32 or bf16 weights (all one of the two) on the CPU only, rows of the weights' dtype, without gradients,
+  and only for calls of at most `MAX_ROWS` rows (the decode steps): prefill, scoring and training multiply
+  hundreds of rows, where MKL was as fast or faster (oneDNN 0.8-0.9x on the 1536 -> 576 projection at
+  128-2048 rows, fp32); bf16 only where oneDNN has native bf16 kernels (elsewhere the decoder runs fp32);
 - a layer's packed copy is made on its first such call and made again when its weight changes (the tensor's
   version counter or storage: an optimizer step or a checkpoint load writes the weight in place). The copies
-  are a second fp32 copy of the weights (0.5 GiB for the 135M model); they go with the model (backends are
+  are a second copy of the weights (0.5 GiB for the 135M model in fp32, 0.27 GiB in bf16); they go with the model (backends are
   dropped before training builds its optimizer state: models/registry.py release_backends);
 - `install` checks the packed product against `F.linear` on random rows first; a missing operator (a torch
   built without oneDNN) or a mismatch leaves the model on MKL, and says so in the log.
-Results differ from MKL's by float rounding (1e-6 relative), as any two GEMM kernels do.
+Results differ from MKL's by float rounding (1e-6 relative in fp32), as any two GEMM kernels do; in bf16 the
+two agreed bit for bit on the model's shapes here.
 """
 
 from __future__ import annotations
@@ -30,15 +35,16 @@ import torch.nn.functional as F
 
 log = logging.getLogger("refinery.models")
 
+DTYPES = (torch.float32, torch.bfloat16)
 MAX_ROWS = 64  # rows per call up to which the packed kernel is used (the default decode batch)
 PACK_HINT = 16  # oneDNN's batch-size hint for the weight layout; 16 and 64 measured alike from 1 to 64 rows
 
 
-def _linear_pointwise(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _pack(weight: torch.Tensor) -> torch.Tensor:
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT)
 
 
@@ -59,12 +65,12 @@ class PackedForward:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w, b = self.layer.weight, self.layer.bias
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if torch.is_grad_enabled() or rows > MAX_ROWS or rows == 0 or x.dtype != torch.float32:
+        if torch.is_grad_enabled() or rows > MAX_ROWS or rows == 0 or x.dtype != w.dtype or w.dtype not in DTYPES:
             return F.linear(x, w, b)
         key = (w.data_ptr(), w._version)
         if key != self.key:
-            self.packed, self.key = _pack(w), key
-        y = _linear_pointwise(x.reshape(rows, x.shape[-1]), self.packed, b)
+            self.packed, self.key = pack_weight(w), key
+        y = packed_linear(x.reshape(rows, x.shape[-1]), self.packed, b)
         return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
@@ -72,14 +78,19 @@ def usable(device: str, model: torch.nn.Module) -> str | None:
     """Why the packed path cannot serve `model` on `device`, or None when it can."""
     if device != "cpu":
         return f"device {device}"
-    if any(p.dtype != torch.float32 for p in model.parameters()):
-        return "weights not fp32"
+    dtypes = {p.dtype for p in model.parameters()}
+    if len(dtypes) != 1 or not dtypes <= set(DTYPES):
+        return f"weights not all fp32 or all bf16 ({', '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))})"
+    dtype = dtypes.pop()
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return "torch built without oneDNN"
+    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return "oneDNN without native bf16 on this CPU"
     try:  # the operators exist and agree with F.linear on random rows
         gen = torch.Generator().manual_seed(0)
-        w, x = torch.randn(96, 64, generator=gen), torch.randn(5, 64, generator=gen)
-        if not torch.allclose(_linear_pointwise(x, _pack(w), None), F.linear(x, w), rtol=1e-4, atol=1e-4):
+        w, x = torch.randn(96, 64, generator=gen).to(dtype), torch.randn(5, 64, generator=gen).to(dtype)
+        tol = 1e-4 if dtype == torch.float32 else 2e-2
+        if not torch.allclose(packed_linear(x, pack_weight(w), None).float(), F.linear(x, w).float(), rtol=tol, atol=tol):
             return "oneDNN's packed product disagrees with F.linear"
     except (RuntimeError, AttributeError) as e:
         return f"oneDNN's packed product failed: {str(e).splitlines()[0] if str(e) else type(e).__name__}"

@@ -1,5 +1,6 @@
 """models/packed.py: oneDNN's packed linears serve the decode steps, equal F.linear to float rounding, repack
-when a weight changes, and step aside for gradients, wide calls, handed-in models and non-fp32 weights."""
+when a weight changes, and step aside for gradients, wide calls, handed-in models and weights neither fp32 nor
+bf16 (bf16 where oneDNN computes it natively)."""
 
 import pytest
 import torch
@@ -86,6 +87,52 @@ def test_a_patched_model_deep_copies_and_the_copy_packs_its_own_weights():
 
 def test_usable_names_why_not():
     assert packed.usable("cuda", torch.nn.Linear(2, 2)) == "device cuda"
-    assert packed.usable("cpu", torch.nn.Linear(2, 2).to(torch.bfloat16)) == "weights not fp32"
-    model = torch.nn.Sequential(torch.nn.Linear(2, 2).to(torch.bfloat16))
-    assert packed.install(model, "cpu") is False and not packed.installed(model)
+    assert packed.usable("cpu", torch.nn.Linear(2, 2).half()) == "weights not all fp32 or all bf16 (float16)"
+    mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to(torch.bfloat16))
+    assert packed.usable("cpu", mixed) == "weights not all fp32 or all bf16 (bfloat16, float32)"
+    assert packed.install(mixed, "cpu") is False and not packed.installed(mixed)
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        bf16 = torch.nn.Sequential(torch.nn.Linear(2, 2).to(torch.bfloat16))
+        assert packed.usable("cpu", bf16) == "oneDNN without native bf16 on this CPU"
+        assert packed.install(bf16, "cpu") is False and not packed.installed(bf16)
+
+
+needs_onednn_bf16 = pytest.mark.skipif(packed.usable("cpu", torch.nn.Linear(2, 2).to(torch.bfloat16)) is not None,
+                                       reason="oneDNN without native bf16 on this CPU")
+
+
+@needs_onednn_bf16
+def test_bf16_weights_pack_too_and_match_f_linear():
+    """bf16 weights (the decode model where the CPU computes bf16) take the packed product for bf16 rows; fp32
+    rows into a bf16 layer, and rows with gradients, go to F.linear."""
+    layer = _layer().to(torch.bfloat16)
+    fwd = packed.PackedForward(layer)
+    with torch.no_grad():
+        for shape in [(1, 48), (3, 1, 48), (packed.MAX_ROWS, 48)]:
+            x = torch.randn(*shape).to(torch.bfloat16)
+            torch.testing.assert_close(fwd(x), F.linear(x, layer.weight, layer.bias), rtol=1e-2, atol=1e-2)
+        assert fwd.packed is not None  # the packed kernel ran
+        fwd.packed = "would fail if used"  # wide calls and calls with gradients do not touch it
+        x = torch.randn(packed.MAX_ROWS + 1, 48).to(torch.bfloat16)
+        assert torch.equal(fwd(x), F.linear(x, layer.weight, layer.bias))
+    x = torch.randn(3, 48).to(torch.bfloat16).requires_grad_()
+    fwd(x).float().sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None
+
+
+@needs_onednn_bf16
+def test_backend_packs_its_own_bf16_model():
+    from models.backend import Sampling
+    from models.hf import TransformersBackend
+    from models.registry import resolve
+
+    own = TransformersBackend(resolve("tiny-random"), dtype="bf16")
+    assert own.packed_decode and packed.installed(own.model)
+    ids = [[5, 6, 7, 8], [9, 10, 11]]
+    sampled = own.generate_ids(ids, 2, Sampling(0.0, 1.0, 6, 0))
+    packed.uninstall(own.model)
+    again = own.generate_ids(ids, 2, Sampling(0.0, 1.0, 6, 0))
+    assert [[c.token_ids for c in g] for g in sampled] == [[c.token_ids for c in g] for g in again]
+    for g, h in zip(sampled, again):
+        for c, d in zip(g, h):
+            assert c.logprobs == pytest.approx(d.logprobs, abs=1e-2)

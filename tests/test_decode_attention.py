@@ -1,0 +1,80 @@
+"""models/decode_attention.py: a bf16 decode step's attention computed in float32 equals SDPA's to float rounding,
+is taken only where it applies, and a bf16 backend's decode steps run through it."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from models import decode_attention
+
+
+def _inputs(rows: int = 5, heads: int = 9, kv: int = 3, width: int = 37, dim: int = 16, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(rows, heads, 1, dim, generator=gen)
+    # keys and values as the decode batch hands them: a view of a buffer with spare columns
+    k = torch.randn(rows, kv, width + 8, dim, generator=gen)[:, :, :width]
+    v = torch.randn(rows, kv, width + 8, dim, generator=gen)[:, :, :width]
+    mask = torch.ones(rows, 1, 1, width, dtype=torch.bool)
+    mask[0, ..., :11] = False  # left padding
+    mask[2, ..., :3] = False
+    return q, k, v, mask
+
+
+def _sdpa(q, k, v, mask, scale):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True).transpose(1, 2)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+def test_attend_equals_sdpa_in_float32(mask_kind):
+    q, k, v, mask = _inputs()
+    if mask_kind == "none":
+        mask = None
+    elif mask_kind == "additive":
+        mask = torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+    out = decode_attention.attend(q, k, v, mask, 0.25)
+    assert out.shape == (5, 1, 9, 16)
+    torch.testing.assert_close(out, _sdpa(q, k, v, mask, 0.25), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bf16_cache_is_attended_in_float32_within_the_outputs_rounding():
+    """bf16 in, bf16 out: the output is the float32 attention over the bf16 values, rounded once to bf16, so it
+    lies within bf16's half step of that reference (a bf16 score product would not: its scores are rounded)."""
+    q, k, v, mask = (t.to(torch.bfloat16) if t.is_floating_point() else t for t in _inputs(width=300, dim=64))
+    out = decode_attention.attend(q, k, v, mask, 0.125)
+    assert out.dtype == torch.bfloat16
+    reference = _sdpa(q.float(), k.float(), v.float(), mask, 0.125)
+    assert ((out.float() - reference).abs() <= reference.abs() * 2**-8 + 1e-6).all()
+
+
+def test_it_applies_to_half_precision_decode_steps_without_gradients_only():
+    q, k, v, mask = _inputs()
+    bq, bk = q.to(torch.bfloat16), k.to(torch.bfloat16)
+    plain = {"scaling": 0.25, "dropout": 0.0, "position_ids": torch.zeros(5, 1), "use_cache": True}
+    with torch.no_grad():
+        assert decode_attention.applies(bq, bk, mask, plain)
+        assert decode_attention.applies(bq, bk, None, plain)
+        assert not decode_attention.applies(q, k, mask, plain)  # float32: SDPA is fast there
+        assert not decode_attention.applies(torch.cat([bq, bq], 2), bk, mask, plain)  # two query tokens
+        assert not decode_attention.applies(bq, bk, mask, {**plain, "position_bias": torch.zeros(1)})
+        assert not decode_attention.applies(bq, bk, mask, {**plain, "dropout": 0.1})
+        assert not decode_attention.applies(bq, bk, mask.expand(5, 9, 1, 37), plain)  # a mask per head
+        assert not decode_attention.applies(bq, bk[:, :2], mask, plain)  # 9 heads over 2 KV heads
+    assert not decode_attention.applies(bq, bk, mask, plain)  # gradients on
+
+
+def test_a_bf16_backends_decode_steps_take_it_and_report_the_scored_log_probs(monkeypatch):
+    from models.backend import Sampling
+    from models.hf import TransformersBackend
+    from models.registry import resolve
+
+    calls = []
+    attend = decode_attention.attend
+    monkeypatch.setattr(decode_attention, "attend", lambda *a: calls.append(a[0].shape) or attend(*a))
+    backend = TransformersBackend(resolve("tiny-random"), dtype="bf16")
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    out = backend.generate_ids(prompts, 2, Sampling(1.0, 1.0, 8, 3), row_seeds=[1, 2])
+    assert calls and all(shape[2] == 1 for shape in calls)
+    rows = [(p, c) for p, g in zip(prompts, out) for c in g]
+    scored = backend.score_ids([p for p, _ in rows], [c.token_ids for _, c in rows])
+    for (_, c), lp in zip(rows, scored):  # scoring runs SDPA over the whole sequence, in bf16 with autocast
+        assert c.logprobs == pytest.approx(lp, abs=0.05)
