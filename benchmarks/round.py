@@ -8,9 +8,14 @@ runs in a child process whose working folder and PYTHONPATH are that tree, with 
 fresh store: the curriculum flow for --rounds rounds at the default config (plus --set). The child prints each
 stage's compute seconds (measured inside the stage's task by tasks.reporting.timed, which every commit since
 issue 6 records), each round's wall time (from the end of the previous round's last stage; round 0 from the
-flow call, so it includes creating the run) and the flow process's peak RSS (getrusage; the temporary Prefect
+flow call, so it includes starting Prefect's temporary server and creating the run), the same without that
+start (`round_stages_wall_s`: from the round's first stage to its last; the start itself is `startup_s`) and
+the flow process's peak RSS (getrusage; the temporary Prefect
 server and the math-verify worker are other processes, reported apart as children). The arms run one after
-the other, never together: on 2 cores two torch processes would slow each other many times over.
+the other, never together: on 2 cores two torch processes would slow each other many times over. Each arm's
+Prefect home is prepared as that commit's `refinery run` prepares it: where the commit has
+flows/prefect_home.py, a fresh home starts from a copy of the migrated database; before it (4425eb0),
+Prefect migrates a new database on its first start, as it did for that commit's users.
 
 Lower bounds, measured afterwards in this process on the current arm's store, for its last round:
 - train: a bare forward/backward of the same model (bf16 autocast where native, as the stage) over the round's
@@ -25,7 +30,7 @@ Lower bounds, measured afterwards in this process on the current arm's store, fo
   `collect_ratio_vs_ceiling` = collect_s / that time; collect also verifies, runs LoPE's extra samples and
   writes the store, which the bound leaves out.
 
-Figures go to --json as flat keys: round_wall_s, round_peak_rss_gib, collect_s, train_s, shape_s, evaluate_s,
+Figures go to --json as flat keys: round_wall_s, round_stages_wall_s, startup_s, round_peak_rss_gib, collect_s, train_s, shape_s, evaluate_s,
 ..._s for every other stage, train_ratio_vs_bare, collect_ratio_vs_ceiling, the shape stage's own counts
 (shape_mcmc_s: its MCMC apart from the teacher's solutions; shape_traces, shape_teacher_calls,
 shape_cut_proposals, shape_irreversible: two arms whose collect solved different prompts shape different
@@ -77,22 +82,31 @@ from flows.curriculum import curriculum
 import tasks
 args = json.loads(sys.argv[1])
 cfg = load_config(sets=args["sets"], run_id="round", store=args["store"], rounds=args["rounds"])
+try:  # Prefect's home as this commit's `refinery run` prepares it (a copy of a migrated database, where it can)
+    from flows.prefect_home import seed_database
+except ImportError:
+    seed_database = None
+if seed_database is not None:
+    from pathlib import Path
+    seed_database(Path(os.environ["PREFECT_HOME"]))
 t_call = time.perf_counter()
 out = curriculum(cfg)
 total = time.perf_counter() - t_call
 stages = [{"round": s.get("round"), "stage": s.get("stage"), "compute_s": s["timing"]["compute_s"],
-           "end": s["timing"]["end"],
+           "start": s["timing"]["start"], "end": s["timing"]["end"],
            "counts": {k: v for k, v in s.items() if type(v) in (int, float) and k != "round"},
            "peak_rss_gib": max([g for t, g in samples if s["timing"]["start"] <= t <= s["timing"]["end"]],
                                default=None)}
           for s in out["stages"] if isinstance(s, dict) and "timing" in s]
-walls, prev = [], t_call
+walls, spans, prev = [], [], t_call
 for r in range(args["rounds"]):
     ends = [s["end"] for s in stages if s["round"] == r]
     walls.append(max(ends) - prev if ends else None)
+    spans.append(max(ends) - min(s["start"] for s in stages if s["round"] == r) if ends else None)
     prev = max(ends) if ends else prev
 print(MARK_PLACEHOLDER + json.dumps({"tree": os.path.dirname(os.path.abspath(tasks.__path__[0])), "flow_s": total,
-      "imports_s": t_call - t0, "round_walls": walls, "stages": stages,
+      "imports_s": t_call - t0, "round_walls": walls, "round_spans": spans, "stages": stages,
+      "startup_s": min((s["start"] for s in stages), default=t_call) - t_call,
       "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
       "children_peak_rss_gib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20}), flush=True)
 """.replace("MARK_PLACEHOLDER", repr(MARK))
@@ -162,7 +176,8 @@ def figures(arm: dict, rnd: int) -> dict:
     stages = {s["stage"]: s["compute_s"] for s in arm["stages"] if s["round"] == rnd}
     shape = next((s.get("counts", {}) for s in arm["stages"] if s["round"] == rnd and s["stage"] == "shape"), {})
     return {**{name: shape[k] for k, name in SHAPE_COUNTS.items() if k in shape},
-            "round_wall_s": arm["round_walls"][rnd], "round_peak_rss_gib": arm["peak_rss_gib"],
+            "round_wall_s": arm["round_walls"][rnd], "round_stages_wall_s": arm["round_spans"][rnd],
+            "startup_s": arm["startup_s"], "round_peak_rss_gib": arm["peak_rss_gib"],
             "children_peak_rss_gib": arm["children_peak_rss_gib"], "flow_s": arm["flow_s"],
             **{f"{k}_s": v for k, v in stages.items()},
             **{f"{s['stage']}_peak_rss_gib": s["peak_rss_gib"] for s in arm["stages"]
@@ -276,10 +291,10 @@ def main() -> int:
         if out["round_wall_s"] and base["round_wall_s"]:
             out["round_wall_ratio_vs_baseline"] = out["round_wall_s"] / base["round_wall_s"]
     stage_keys = sorted({k for k in out if k.endswith("_s") and not k.startswith("baseline_")} - {
-        "round_wall_s", "flow_s", "train_bare_s", "train_fwd_bwd_s", "collect_ceiling_s", "shape_mcmc_s"})  # MCMC: part of shape
+        "round_wall_s", "round_stages_wall_s", "startup_s", "flow_s", "train_bare_s", "train_fwd_bwd_s", "collect_ceiling_s", "shape_mcmc_s"})  # MCMC: part of shape
     print(f"\nround {last}{' (of ' + str(a.rounds) + ')' if a.rounds > 1 else ''}: seconds per stage")
     print(f"{'':>16} {'current':>9}" + (f" {'baseline':>9} {'ratio':>6}" if "baseline" in arms else ""))
-    for k in ["round_wall_s", *stage_keys]:
+    for k in ["round_wall_s", "round_stages_wall_s", "startup_s", *stage_keys]:
         if out.get(k) is None:
             continue
         line = f"{k:>16} {out[k]:>9.1f}"
