@@ -142,7 +142,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=4, help="generate calls per arm, alternating")
     ap.add_argument("--json", help="write the figures as flat keys")
     a = ap.parse_args()
-    from models.hf import native_bf16
+    from models.devices import native_bf16
     from models.threads import claim
 
     if not native_bf16("cpu"):

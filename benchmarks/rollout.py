@@ -41,7 +41,8 @@ import torch  # noqa: E402
 
 from flows.config import RunConfig  # noqa: E402
 from models.backend import Sampling  # noqa: E402
-from models.hf import TransformersBackend, native_bf16  # noqa: E402
+from models.devices import native_bf16  # noqa: E402
+from models.hf import TransformersBackend  # noqa: E402
 from models.registry import resolve  # noqa: E402
 from tasks.ingest import load_source  # noqa: E402
 

@@ -21,7 +21,8 @@ Choices:
   attention of models/decode_attention.py, every other call (prefill, scoring, training, other models) goes
   to SDPA unchanged;
 - float32 caches only (a CPU without native bf16, where it was measured): a bf16 product would round the
-  scores to bf16 before the softmax, where SDPA keeps them in float32, so bf16 caches stay on SDPA;
+  scores to bf16 before the softmax, so bf16 decode steps take models/decode_attention.py's float32 attention
+  over every row's copy instead;
 - a step takes the cascade only where it pays (`step`, the MIN_* thresholds below, measured on 2 AVX2 cores).
 """
 

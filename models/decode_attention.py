@@ -2,18 +2,19 @@
 
 A decode step asks one query token per row to attend to the row's whole cache. torch's CPU SDPA over bf16
 tensors runs such one-token queries far from the machine's limits: on 2 AVX512_BF16 cores (no AMX), SmolLM2's 9
-query heads over 3 KV heads of 64 dims and 300 cached tokens took 0.3 ms for 1 row, 1.7-2.4 ms for 8 and
-6.2-6.7 ms for 32 per layer call, about a third of a bf16 decode step at 8 rows (30 layers), while the same call
-over the same values cast to float32 took 0.08, 0.38 and 2.0 ms (benchmarks/decode_attention.py --dtype bf16).
-For longer queries (prefill, scoring, extending MCMC states) bf16 SDPA is as fast as the cast, so only decode
-steps take this path.
+query heads over 3 KV heads of 64 dims and 300 cached tokens took 0.22 ms for 1 row, 1.4 ms for 8 and 5.3 ms
+for 32 per layer call (x 30 layers: over 40% of a bf16 decode step at 8 rows), while this float32 path took a
+quarter to a half of that (benchmarks/decode_step.py prints both). For longer queries (prefill, scoring,
+extending MCMC states) bf16 SDPA is as fast as a cast, so only decode steps take this path.
 
 The method: cast the query, keys and values to float32, compute the grouped-query scores as one matrix product
 per KV head ([rows, KV, heads per KV, D] @ [rows, KV, D, W], no key repeated per query head), add the mask,
 softmax, weight the values, and cast the output back to the query's dtype. Choices:
 - float32 throughout, not bf16 products: a bf16 product rounds each score to bf16 before the softmax (errors of
   5e-3 in the output against 1e-3 for bf16 SDPA, which accumulates in float32); the cast path's output differs
-  from an all-float32 reference by float32 rounding (4e-7), so it is closer to it than bf16 SDPA is;
+  from an all-float32 reference by float32 rounding (4e-7), so it is closer to it than bf16 SDPA is. The
+  decoder runs its steps under bf16 autocast, which would turn these float32 products back into bf16 ones,
+  so `attend` turns autocast off for its own ops;
 - the casts copy the row's keys and values once per layer and step (a decode step's attention reads them once
   anyway); the cache itself stays bf16, so its memory is unchanged;
 - only for decode steps (one query token) without gradients on the CPU with a bf16 or fp16 cache, and only for
@@ -50,13 +51,14 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attentio
     boolean (True: attend) or additive, broadcastable to [B, 1, 1, W] (columns past W are dropped)."""
     rows, heads, _, dim = query.shape
     kv, width = key.shape[1], key.shape[2]
-    q = query.float().view(rows, kv, heads // kv, dim) * scaling
-    scores = torch.matmul(q, key.float().transpose(-1, -2))  # [B, KV, per, W]
-    if attention_mask is not None:
-        mask = attention_mask[..., -1:, :width]  # this step's row of the mask
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.float()
-    out = torch.matmul(torch.softmax(scores, -1), value.float())  # [B, KV, per, D]
-    return out.view(rows, heads, 1, dim).transpose(1, 2).to(query.dtype)
+    with torch.autocast(query.device.type, enabled=False):  # the decoder's bf16 autocast would undo the casts
+        q = query.float().view(rows, kv, heads // kv, dim) * scaling
+        scores = torch.matmul(q, key.float().transpose(-1, -2))  # [B, KV, per, W]
+        if attention_mask is not None:
+            mask = attention_mask[..., -1:, :width]  # this step's row of the mask
+            if mask.dtype == torch.bool:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            else:
+                scores = scores + mask.float()
+        out = torch.matmul(torch.softmax(scores, -1), value.float())  # [B, KV, per, Dv]
+    return out.view(rows, heads, 1, value.shape[-1]).transpose(1, 2).to(query.dtype)

@@ -60,22 +60,10 @@ from models import cascade, packed
 from models.backend import Completion, Sampling, end_ids, logprob_temperature
 from models.cascade import SHARED_KWARG, SharedPrompts
 from models.decoding import M32, DecodeBatch, cache_kwarg, draw, keyed_uniforms
+from models.devices import native_bf16
 from models.states import SeqState, check_cuts, last_hidden, left_padded, split_rows
 
 log = logging.getLogger("refinery.models")
-
-
-def native_bf16(device: str) -> bool:
-    """Does this device compute bf16 natively? Without it (e.g. AVX-512 but no AVX512_BF16/AMX), CPU bf16
-    autocast is emulated and measured ~2.5x *slower* than fp32 here, so "auto" only picks bf16 with it."""
-    if device.startswith("cuda"):
-        return torch.cuda.is_bf16_supported()
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def sdpa_native_gqa(device: str) -> None:
@@ -133,8 +121,8 @@ class TransformersBackend:
         own = model is None
         self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=weights).to(device)
         self.model.eval()
-        # fp32 decode steps on the CPU through oneDNN's packed weights (models/packed.py); a model handed in is
-        # shared with a trainer, whose weights should not gain a second copy
+        # decode steps on the CPU through oneDNN's packed weights (models/packed.py: fp32, or bf16 where native); a
+        # model handed in is shared with a trainer, whose weights should not gain a second copy
         self.packed_decode = own and packed.install(self.model, device)
         log.info("transformers backend %s on %s: %s weights (%s)", model_path, device,
                  str(next(self.model.parameters()).dtype).removeprefix("torch."),

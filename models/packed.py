@@ -15,10 +15,11 @@ Choices:
 - fp32 or bf16 weights (all one of the two) on the CPU only, rows of the weights' dtype, without gradients,
   and only for calls of at most `MAX_ROWS` rows (the decode steps): prefill, scoring and training multiply
   hundreds of rows, where MKL was as fast or faster (oneDNN 0.8-0.9x on the 1536 -> 576 projection at
-  128-2048 rows, fp32); bf16 only where oneDNN has native bf16 kernels (elsewhere the decoder runs fp32);
+  128-2048 rows, fp32); bf16 only where the CPU computes bf16 natively (AVX512_BF16 or AMX: an AVX-512 CPU
+  without them passes oneDNN's own bf16 check but emulates it, unmeasured; the decoder runs fp32 there);
 - a layer's packed copy is made on its first such call and made again when its weight changes (the tensor's
   version counter or storage: an optimizer step or a checkpoint load writes the weight in place). The copies
-  are a second copy of the weights (0.5 GiB for the 135M model in fp32, 0.27 GiB in bf16); they go with the model (backends are
+  are a second copy of the weights (0.5 GiB for the 135M model in fp32, 0.25 GiB in bf16); they go with the model (backends are
   dropped before training builds its optimizer state: models/registry.py release_backends);
 - `install` checks the packed product against `F.linear` on random rows first; a missing operator (a torch
   built without oneDNN) or a mismatch leaves the model on MKL, and says so in the log.
@@ -32,6 +33,8 @@ import logging
 
 import torch
 import torch.nn.functional as F
+
+from models.devices import native_bf16
 
 log = logging.getLogger("refinery.models")
 
@@ -84,8 +87,9 @@ def usable(device: str, model: torch.nn.Module) -> str | None:
     dtype = dtypes.pop()
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return "torch built without oneDNN"
-    if dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return "oneDNN without native bf16 on this CPU"
+    if dtype == torch.bfloat16 and not (native_bf16(device) and getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported",
+                                                                       lambda: False)()):
+        return "no native bf16 on this CPU (oneDNN would emulate it)"
     try:  # the operators exist and agree with F.linear on random rows
         gen = torch.Generator().manual_seed(0)
         w, x = torch.randn(96, 64, generator=gen).to(dtype), torch.randn(5, 64, generator=gen).to(dtype)

@@ -189,8 +189,8 @@ def loaded_policies() -> list[str]:
 def release_model(cfg: ModelConfig) -> None:
     """Drop the backend `load_model(cfg)` would return, if one is loaded, and give its memory back: a stage
     that is done with a policy nobody samples next (evaluation's base model in round 0) frees it now instead
-    of leaving it to the least-recently-used cap (a default-model backend holds about 1 GiB: fp32 weights
-    and their packed copies)."""
+    of leaving it to the least-recently-used cap (a default-model backend holds about 1 GiB in fp32: weights
+    and their packed copies; half that in bf16)."""
     from models.memory import release_memory
 
     key = (cfg.policy, cfg.backend, cfg.device, cfg.dtype, cfg.batch_size, cfg.kv_cache_gib)

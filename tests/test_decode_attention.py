@@ -36,14 +36,24 @@ def test_attend_equals_sdpa_in_float32(mask_kind):
     torch.testing.assert_close(out, _sdpa(q, k, v, mask, 0.25), rtol=1e-5, atol=1e-6)
 
 
-def test_a_bf16_cache_is_attended_in_float32_within_the_outputs_rounding():
+@pytest.mark.parametrize("under_autocast", [False, True])
+def test_a_bf16_cache_is_attended_in_float32_within_the_outputs_rounding(under_autocast):
     """bf16 in, bf16 out: the output is the float32 attention over the bf16 values, rounded once to bf16, so it
-    lies within bf16's half step of that reference (a bf16 score product would not: its scores are rounded)."""
+    lies within bf16's half step of that reference (a bf16 score product would not: its scores are rounded),
+    also under the bf16 autocast the decoder runs its steps in."""
     q, k, v, mask = (t.to(torch.bfloat16) if t.is_floating_point() else t for t in _inputs(width=300, dim=64))
-    out = decode_attention.attend(q, k, v, mask, 0.125)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=under_autocast):
+        out = decode_attention.attend(q, k, v, mask, 0.125)
     assert out.dtype == torch.bfloat16
     reference = _sdpa(q.float(), k.float(), v.float(), mask, 0.125)
     assert ((out.float() - reference).abs() <= reference.abs() * 2**-8 + 1e-6).all()
+
+
+def test_values_may_have_their_own_head_size():
+    q, k, v, mask = _inputs()
+    v = torch.randn(5, 3, 37, 24)  # value heads of 24 dims against 16 for queries and keys
+    torch.testing.assert_close(decode_attention.attend(q, k, v, mask, 0.25), _sdpa(q, k, v, mask, 0.25),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_it_applies_to_half_precision_decode_steps_without_gradients_only():

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from models import packed
+from models.devices import native_bf16
 
 
 def _layer(seed: int = 0) -> torch.nn.Linear:
@@ -91,14 +92,14 @@ def test_usable_names_why_not():
     mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).to(torch.bfloat16))
     assert packed.usable("cpu", mixed) == "weights not all fp32 or all bf16 (bfloat16, float32)"
     assert packed.install(mixed, "cpu") is False and not packed.installed(mixed)
-    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if not native_bf16("cpu"):
         bf16 = torch.nn.Sequential(torch.nn.Linear(2, 2).to(torch.bfloat16))
-        assert packed.usable("cpu", bf16) == "oneDNN without native bf16 on this CPU"
+        assert packed.usable("cpu", bf16) == "no native bf16 on this CPU (oneDNN would emulate it)"
         assert packed.install(bf16, "cpu") is False and not packed.installed(bf16)
 
 
 needs_onednn_bf16 = pytest.mark.skipif(packed.usable("cpu", torch.nn.Linear(2, 2).to(torch.bfloat16)) is not None,
-                                       reason="oneDNN without native bf16 on this CPU")
+                                       reason="no native bf16 on this CPU")
 
 
 @needs_onednn_bf16
