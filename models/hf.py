@@ -24,8 +24,8 @@ batch to its longest prompt. Here
   layout (models/packed.py; fp32, and bf16 where native), 1.15-1.6x faster per fp32 step than MKL's GEMM from
   1 to 64 rows on 2 AVX2 cores; prefill and scoring stay on MKL;
 - a bf16 decode step's attention runs in float32 (models/decode_attention.py): torch's CPU SDPA over a bf16
-  cache is 2.3-4.6x slower than the cast for one query token per row. With the packed bf16 linears a decode
-  step over 300 tokens of context took 1.13x, 1.93x and 2.40x less time at 1, 8 and 32 rows on 2 AVX512_BF16
+  cache is 1.8-4.2x slower than the cast for one query token per row. With the packed bf16 linears a decode
+  step over 300 tokens of context took 1.6x, 1.8x and 2.8x less time at 1, 8 and 32 rows on 2 AVX512_BF16
   cores (benchmarks/decode_step.py);
 - the KV cache lives in preallocated buffers with spare columns (models/decoding.py BufferedLayer): a decode
   step writes its column in place, where transformers' DynamicCache copies the whole cache at every step;
