@@ -8,7 +8,7 @@ bf16 cache and `F.linear` over the bf16 weights.
 Kernels first: one layer's attention call (SmolLM2's 9 query heads over 3 KV heads of 64 dims, `--context`
 cached tokens in a buffer with spare columns, as the decode batch hands them) through bf16 SDPA and through
 `decode_attention.attend`, and each linear shape of the model (and the 49,152-wide output layer) through
-`F.linear` and the packed product, microseconds per call (median of 5 blocks).
+`F.linear` and the packed product, microseconds per call (median of 5 blocks, as decode_attention.py times).
 
 Then the decoder: `generate_ids` of `--rows` prompts of `--context` tokens, end-of-sequence disabled so every
 row decodes `--steps` tokens, timing each decode step's forward (one token per row). The four arms (both paths,
@@ -31,26 +31,23 @@ import sys
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)  # run as a script, this folder's select.py would shadow the standard library's `select`
 import argparse  # noqa: E402
+import importlib.util  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
 LINEARS = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]  # q/o, k/v, gate/up, down, output
 
 
 def per_call_us(f, calls: int) -> float:
-    """Microseconds per call: the median of 5 blocks of calls // 5, after 5 warm-up calls."""
-    for _ in range(5):
-        f()
-    block = max(1, calls // 5)
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(block):
-            f()
-        times.append((time.perf_counter() - t0) / block * 1e6)
-    return statistics.median(times)
+    """Microseconds per call: benchmarks/decode_attention.py's timing (the median of 5 blocks of calls // 5,
+    after 10 warm-up calls)."""
+    spec = importlib.util.spec_from_file_location("decode_attention_bench", Path(__file__).with_name("decode_attention.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.timed(f, calls) * 1e3
 
 
 def kernels(rows: list[int], context: int) -> dict[str, float]:
