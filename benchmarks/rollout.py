@@ -82,8 +82,18 @@ def naive(model, tok, prompts: list[str], n: int, s: Sampling, batch: int, force
 def forced_rate(policy: str, prompts: list[str], n: int, max_new_tokens: int, dtype: str = "auto",
                 batch: int = 32) -> float:
     """Tokens/s of `model.generate` with the length forced to max_new_tokens (no early stop), bf16 weights where
-    `dtype` picks them (as the sampler does): the decode ceiling benchmarks/round.py holds collect against."""
+    `dtype` picks them (as the sampler does): the decode ceiling benchmarks/round.py holds collect against.
+    Its attention is the sampler's (models/cascade.py's SDPA wrapper, so a bf16 decode step attends in float32,
+    and grouped-query K/V are not repeated): the ceiling differs from the sampler in the decode loop, not in
+    the attention kernel (up to edfe522 round.py's ceiling ran torch's bf16 SDPA, as no backend had been
+    built in its process)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from models import cascade
+    from models.hf import sdpa_native_gqa
+
+    sdpa_native_gqa("cpu")
+    cascade.install()
 
     bf16 = dtype == "bf16" or (dtype == "auto" and native_bf16("cpu"))
     model = AutoModelForCausalLM.from_pretrained(resolve(policy), dtype=torch.bfloat16 if bf16 else torch.float32)
