@@ -31,6 +31,7 @@ import sys
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)  # run as a script, this folder's select.py would shadow the standard library's `select`
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import importlib.util  # noqa: E402
 import json  # noqa: E402
 import statistics  # noqa: E402
@@ -41,13 +42,19 @@ HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64  # SmolLM2-135M
 LINEARS = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]  # q/o, k/v, gate/up, down, output
 
 
-def per_call_us(f, calls: int) -> float:
-    """Microseconds per call: benchmarks/decode_attention.py's timing (the median of 5 blocks of calls // 5,
-    after 10 warm-up calls)."""
+@functools.cache
+def sibling_timing():
+    """benchmarks/decode_attention.py's `timed` (loaded once: this folder is not a package)."""
     spec = importlib.util.spec_from_file_location("decode_attention_bench", Path(__file__).with_name("decode_attention.py"))
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    return bench.timed(f, calls) * 1e3
+    return bench.timed
+
+
+def per_call_us(f, calls: int) -> float:
+    """Microseconds per call: decode_attention.py's timing (the median of 5 blocks of calls // 5, after 10
+    warm-up calls)."""
+    return sibling_timing()(f, calls) * 1e3
 
 
 def kernels(rows: list[int], context: int) -> dict[str, float]:

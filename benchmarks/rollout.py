@@ -42,7 +42,7 @@ import torch  # noqa: E402
 from flows.config import RunConfig  # noqa: E402
 from models.backend import Sampling  # noqa: E402
 from models.devices import native_bf16  # noqa: E402
-from models.hf import TransformersBackend  # noqa: E402
+from models.hf import TransformersBackend, bf16_chosen  # noqa: E402
 from models.registry import resolve  # noqa: E402
 from tasks.ingest import load_source  # noqa: E402
 
@@ -95,7 +95,7 @@ def forced_rate(policy: str, prompts: list[str], n: int, max_new_tokens: int, dt
     sdpa_native_gqa("cpu")
     cascade.install()
 
-    bf16 = dtype == "bf16" or (dtype == "auto" and native_bf16("cpu"))
+    bf16 = bf16_chosen("cpu", dtype)
     model = AutoModelForCausalLM.from_pretrained(resolve(policy), dtype=torch.bfloat16 if bf16 else torch.float32)
     tok = AutoTokenizer.from_pretrained(resolve(policy))
     tok.padding_side = "left"

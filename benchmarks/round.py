@@ -9,9 +9,9 @@ fresh store: the curriculum flow for --rounds rounds at the default config (plus
 stage's compute seconds (measured inside the stage's task by tasks.reporting.timed, which every commit since
 issue 6 records), each round's wall time (from the end of the previous round's last stage; round 0 from the
 flow call, so it includes starting Prefect's temporary server and creating the run), the same without that
-start (`round_stages_wall_s`: from the round's first stage to its last; the start itself is `startup_s`) and
-the flow process's peak RSS (getrusage; the temporary Prefect
-server and the math-verify worker are other processes, reported apart as children). The arms run one after
+start (`round_stages_wall_s`: from the round's first stage to its last; `startup_s`: from the flow call to the
+first stage) and the flow process's peak RSS (getrusage; the temporary Prefect server and the math-verify
+worker are other processes, reported apart as children). The arms run one after
 the other, never together: on 2 cores two torch processes would slow each other many times over. Each arm's
 Prefect home is prepared as that commit's `refinery run` prepares it: where the commit has
 flows/prefect_home.py, a fresh home starts from a copy of the migrated database; before it (4425eb0),
@@ -30,8 +30,8 @@ Lower bounds, measured afterwards in this process on the current arm's store, fo
   `collect_ratio_vs_ceiling` = collect_s / that time; collect also verifies, runs LoPE's extra samples and
   writes the store, which the bound leaves out.
 
-Figures go to --json as flat keys: round_wall_s, round_stages_wall_s, startup_s, round_peak_rss_gib, collect_s, train_s, shape_s, evaluate_s,
-..._s for every other stage, train_ratio_vs_bare, collect_ratio_vs_ceiling, the shape stage's own counts
+Figures go to --json as flat keys: round_wall_s, round_stages_wall_s, startup_s, round_peak_rss_gib,
+collect_s, train_s, shape_s, evaluate_s, ..._s for every other stage, train_ratio_vs_bare, collect_ratio_vs_ceiling, the shape stage's own counts
 (shape_mcmc_s: its MCMC apart from the teacher's solutions; shape_traces, shape_teacher_calls,
 shape_cut_proposals, shape_irreversible: two arms whose collect solved different prompts shape different
 chains), and with a baseline the same keys prefixed `baseline_` plus `round_wall_ratio_vs_baseline` (current /
@@ -60,6 +60,7 @@ TINY = ["model.policy=tiny-random", "model.dtype=fp32", "rollout.max_new_tokens=
         "select.embedder=hashing", "select.batch_size=8",
         'pool.sources=[{"source": "rg:products", "size": 12, "params": {"max_digits": 1}}]']
 MARK = "ROUND_BENCHMARK_JSON "
+WALL_KEYS = ("round_wall_s", "round_stages_wall_s", "startup_s")  # the round's own lines, printed first
 
 # runs inside the arm's tree; only names every commit since issue 6 has (load_config, curriculum, timing)
 CHILD = r"""
@@ -84,9 +85,9 @@ args = json.loads(sys.argv[1])
 cfg = load_config(sets=args["sets"], run_id="round", store=args["store"], rounds=args["rounds"])
 try:  # Prefect's home as this commit's `refinery run` prepares it (a copy of a migrated database, where it can)
     from flows.prefect_home import seed_database
-except ImportError:
-    seed_database = None
-if seed_database is not None:
+except ImportError:  # a commit before it: Prefect migrates a new database, as it did for its users
+    pass
+else:
     from pathlib import Path
     seed_database(Path(os.environ["PREFECT_HOME"]))
 t_call = time.perf_counter()
@@ -291,10 +292,10 @@ def main() -> int:
         if out["round_wall_s"] and base["round_wall_s"]:
             out["round_wall_ratio_vs_baseline"] = out["round_wall_s"] / base["round_wall_s"]
     stage_keys = sorted({k for k in out if k.endswith("_s") and not k.startswith("baseline_")} - {
-        "round_wall_s", "round_stages_wall_s", "startup_s", "flow_s", "train_bare_s", "train_fwd_bwd_s", "collect_ceiling_s", "shape_mcmc_s"})  # MCMC: part of shape
+        *WALL_KEYS, "flow_s", "train_bare_s", "train_fwd_bwd_s", "collect_ceiling_s", "shape_mcmc_s"})  # MCMC: part of shape
     print(f"\nround {last}{' (of ' + str(a.rounds) + ')' if a.rounds > 1 else ''}: seconds per stage")
     print(f"{'':>16} {'current':>9}" + (f" {'baseline':>9} {'ratio':>6}" if "baseline" in arms else ""))
-    for k in ["round_wall_s", "round_stages_wall_s", "startup_s", *stage_keys]:
+    for k in [*WALL_KEYS, *stage_keys]:
         if out.get(k) is None:
             continue
         line = f"{k:>16} {out[k]:>9.1f}"

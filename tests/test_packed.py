@@ -104,8 +104,8 @@ needs_onednn_bf16 = pytest.mark.skipif(packed.usable("cpu", torch.nn.Linear(2, 2
 
 @needs_onednn_bf16
 def test_bf16_weights_pack_too_and_match_f_linear():
-    """bf16 weights (the decode model where the CPU computes bf16) take the packed product for bf16 rows; fp32
-    rows into a bf16 layer, and rows with gradients, go to F.linear."""
+    """bf16 weights (the decode model where the CPU computes bf16) take the packed product for bf16 rows; wide
+    calls and rows with gradients go to F.linear."""
     layer = _layer().to(torch.bfloat16)
     fwd = packed.PackedForward(layer)
     with torch.no_grad():
