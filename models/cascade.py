@@ -12,18 +12,21 @@ each row's attention in two parts and merges them exactly:
 
 Choices:
 - `SharedPrompts` keeps each prompt's keys and values once per layer (left-padded to the widest prompt, with a
-  mask), beside the batch's own cache, which is unchanged (the prompt columns stay there too: the cascade reads
-  them only from here). That costs 1/n more cache memory, and keeps the plain path one flag away;
+  mask, in float32), beside the batch's own cache, which is unchanged (the prompt columns stay there too: the
+  cascade reads them only from here). That costs 1/n more cache memory (2/n over a bf16 cache), and keeps the
+  plain path one flag away;
 - rows are addressed by (group, slot): slot j is sample j of its prompt, so a group's queries form a [n, ...]
   block without gathering keys; rows that left leave a zero query in their slot (computed, never read back);
 - the SDPA entry of transformers' attention registry is wrapped once (`install`): a call that carries
   `shared_prompts` (a decode step of one token per row) takes the cascade, a bf16 decode step the float32
   attention of models/decode_attention.py, every other call (prefill, scoring, training, other models) goes
   to SDPA unchanged;
-- float32 caches only (a CPU without native bf16, where it was measured): a bf16 product would round the
-  scores to bf16 before the softmax, so bf16 decode steps take models/decode_attention.py's float32 attention
-  over every row's copy instead;
-- a step takes the cascade only where it pays (`step`, the MIN_* thresholds below, measured on 2 AVX2 cores).
+- the cascade computes in float32 for any cache: a half-precision (bf16) cache's prompts are cast to float32
+  once, when they join (`add`), and each step casts only the rows' own columns; a bf16 product would round the
+  scores to bf16 before the softmax. Its baseline there is models/decode_attention.py's float32 attention,
+  which casts every row's whole copy at every step;
+- a step takes the cascade only where it pays (`step`, the MIN_* thresholds below, measured on 2 AVX2 cores
+  for float32 caches, checked on 2 AVX512_BF16 cores for bf16 ones).
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ SHARED_KWARG = "shared_prompts"  # the keyword a decode step hands its SharedPro
 # is cheaper (64 rows, 8 prompts, per layer: 0.92x at 60 prompt tokens and 10 own, 0.84x at 60 and 40, 1.85x
 # at 150 and 10, 1.19x at 150 and 40, 2.32x at 300 and 20)
 MIN_ROWS, MIN_ROWS_PER_PROMPT, MIN_PROMPT_TOKENS = 32, 4, 128
+# The same thresholds serve a bf16 cache, whose baseline (decode_attention.py: float32 over every row's copy) is
+# cheaper than fp32 SDPA: on 2 AVX512_BF16 cores the embedded policy's generate over 388-token few-shot prompts x 8
+# samples ran 1.46x faster with them, 1.25x when the cascade also needed 8 rows a prompt (benchmarks/
+# decode_attention.py --generate); single steps at 300 prompt tokens: 1.22x at 8 rows a prompt (32 rows), 1.10x at
+# 4; at 150 tokens 1.04x and 0.97x; short plain prompts stay on the float32 path.
 
 
 class SharedPrompts:
@@ -62,8 +70,7 @@ class SharedPrompts:
         its additive mask, the prompts' additive mask, where each row's queries go)."""
         rows = self.group.numel()
         self.active = (rows >= MIN_ROWS and rows >= MIN_ROWS_PER_PROMPT * self.groups
-                       and int(self.prompt_mask.sum()) >= MIN_PROMPT_TOKENS * self.groups
-                       and (not self.keys or self.keys[0].dtype == torch.float32))
+                       and int(self.prompt_mask.sum()) >= MIN_PROMPT_TOKENS * self.groups)
         if not self.active:
             return
         dev = self.keys[0].device if self.keys else row_mask.device
@@ -97,6 +104,7 @@ class SharedPrompts:
         self.group = torch.cat([self.group, torch.arange(first, first + prompts).repeat_interleave(self.n)])
         self.slot = torch.cat([self.slot, torch.arange(self.n).repeat(prompts)])
         mask = prompt_mask.bool()
+        layers = [(k.float(), v.float()) for k, v in layers]  # a half-precision cache's prompts: cast once, here
         if first == 0:
             self.keys, self.values = [k for k, _ in layers], [v for _, v in layers]
             self.prompt_mask = mask
@@ -132,8 +140,13 @@ class SharedPrompts:
                scaling: float) -> torch.Tensor:
         """Attention of one query token per row ([B, H, 1, D]) over the row's prompt (from here) and its own
         columns of the batch's cache (`key`/`value` [B, KV, W, D], after this step's column was written);
-        returns [B, 1, H, D] as transformers' attention functions do. `step` ran first and took the cascade,
-        so the cache and queries are float32."""
+        returns [B, 1, H, D] in the query's dtype, as transformers' attention functions do. `step` ran first
+        and took the cascade. Computed in float32 whatever the cache's dtype, autocast off."""
+        with torch.autocast(query.device.type, enabled=False):  # a bf16 decoder's autocast would undo the casts
+            return self._attend(layer, query.float(), key, value, scaling).to(query.dtype)
+
+    def _attend(self, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                scaling: float) -> torch.Tensor:
         rows, heads, _, dim = query.shape
         kv = key.shape[1]
         per = heads // kv
@@ -155,11 +168,11 @@ class SharedPrompts:
         both = both.reshape(rows, kv, per, dim + 2) if self.full else both[self.group_on, self.slot_on]
         o_p, m_p, l_p = both[..., :dim], both[..., dim:dim + 1], both[..., dim + 1:]
         # the row's own part: the columns after its prompt
-        s = torch.matmul(q, key[:, :, self.start:].transpose(-1, -2)) + self.own_bias  # [B, KV, per, W']
+        s = torch.matmul(q, key[:, :, self.start:].float().transpose(-1, -2)) + self.own_bias  # [B, KV, per, W']
         m_s = s.amax(-1, keepdim=True)
         e = torch.exp(s - m_s)
         l_s = e.sum(-1, keepdim=True)
-        o_s = torch.matmul(e, value[:, :, self.start:])  # [B, KV, per, D]
+        o_s = torch.matmul(e, value[:, :, self.start:].float())  # [B, KV, per, D]
         m = torch.maximum(m_p, m_s)
         a, b = torch.exp(m_p - m), torch.exp(m_s - m)
         out = (o_p * a + o_s * b) / (l_p * a + l_s * b)

@@ -68,9 +68,43 @@ def test_a_step_with_few_rows_per_prompt_or_short_prompts_stays_on_sdpa():
     shared.step(torch.ones(32, 5))
     assert not shared.active
     shared.prompt_mask[:] = True
-    shared.keys = [torch.zeros(2, 3, 128, 8, dtype=torch.bfloat16)]  # a bf16 cache: SDPA keeps float32 scores
-    shared.step(torch.ones(32, 5))
-    assert not shared.active
+    shared.keys = [torch.zeros(2, 3, 128, 8, dtype=torch.bfloat16)]  # a bf16 cache: the cascade computes in
+    shared.step(torch.ones(32, 5))  # float32 (the test below), with the same thresholds
+    assert shared.active
+
+
+def test_over_a_bf16_cache_the_cascade_attends_in_float32(monkeypatch):
+    """A bf16 cache (the decoder on a CPU with native bf16, under bf16 autocast): the prompts are kept in
+    float32, and a step's attention equals float32 SDPA over the same bf16 keys and values to float32 rounding,
+    where bf16 products would be off by bf16 rounding; its bf16 output equals models/decode_attention.py's."""
+    from models import decode_attention
+
+    monkeypatch.setattr(cascade, "MIN_ROWS", 1)
+    monkeypatch.setattr(cascade, "MIN_ROWS_PER_PROMPT", 1)
+    monkeypatch.setattr(cascade, "MIN_PROMPT_TOKENS", 1)
+    torch.manual_seed(2)
+    kv, heads, dim, width, n = 3, 9, 64, 40, 4
+    prompt_k, prompt_v = (torch.randn(2, kv, width, dim).bfloat16() for _ in range(2))
+    shared = SharedPrompts(n=n)
+    shared.add([(prompt_k, prompt_v)], torch.ones(2, width), shift=0, end=width)
+    assert shared.keys[0].dtype == torch.float32
+    own = torch.randn(2 * n, kv, 3, dim).bfloat16()  # 2 generated tokens and this step's, per row
+    keys = torch.cat([prompt_k.repeat_interleave(n, 0), own], 2)
+    values = torch.cat([prompt_v.repeat_interleave(n, 0), torch.randn(2 * n, kv, 3, dim).bfloat16()], 2)
+    mask = torch.ones(2 * n, width + 3)
+    shared.step(mask)
+    assert shared.active
+    q = torch.randn(2 * n, heads, 1, dim).bfloat16()
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), keys.float(), values.float(),
+                                                           enable_gqa=True).transpose(1, 2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as the decoder's steps run
+        out = shared.attend(0, q, keys, values, dim ** -0.5)
+        cast = decode_attention.attend(q, keys, values, None, dim ** -0.5)
+    inner = shared._attend(0, q.float(), keys, values, dim ** -0.5)  # its float32 result, before the cast back
+    assert out.dtype == torch.bfloat16 and inner.dtype == torch.float32
+    assert (inner - ref).abs().max() < 1e-5
+    assert torch.allclose(out.float(), cast.float(), atol=1e-2, rtol=0)
+    assert torch.equal(out, inner.to(torch.bfloat16))
 
 
 def test_one_sample_per_prompt_never_builds_shared_prompts(backend, monkeypatch):
