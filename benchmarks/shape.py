@@ -14,7 +14,8 @@ Two comparisons, each side by side in one run:
 - `--baseline REF`: batched shaping of the same traces and seeds in this checkout and in a git worktree of REF
   (each arm in a child process over its own tree, one after the other). Decoders of different commits may
   sample different proposals for the same key, so besides the seconds the script prints each arm's work:
-  tokens generated, decode steps (the longest proposal of each step, summed) and the cost of a decode step.
+  tokens generated, decode steps (the longest proposal of each step, summed; for chains streamed in one running
+  batch, the decode loop's own steps) and the cost of a decode step.
   The step cost compares the decoders; the seconds compare what shaping costs with each commit's sampler.
 
 Medians over the seeds, with the range. --json PATH writes the figures as flat keys: shape_batched_s,
@@ -96,18 +97,28 @@ def shape_once(b, traces: list, steps: int, variant: str, max_new_tokens: int, b
         count(out[0])
         return out
 
-    def counting_states(*args, **kw):  # generate_from_states (chains that keep states), where a commit has it
+    def counting_states(*args, **kw):  # generate_from_states (chains in lockstep that keep states), where a commit has it
         out = orig_states(*args, **kw)
         count(out)
         return out
 
+    def counting_stream(*args, **kw):  # stream_from_states (streamed chains): its decode steps, not its longest row
+        before = b.decode_steps
+        out = orig_stream(*args, **kw)
+        work["generated"] += sum(len(c.token_ids) + (c.finish_reason == "stop") for c in out)
+        work["decode_steps"] += b.decode_steps - before + 1  # the first draw comes from the states, before a step
+        return out
+
     orig, orig_fused = b.generate_ids, getattr(b, "generate_and_score_ids", None)
     orig_states = getattr(b, "generate_from_states", None)
+    orig_stream = getattr(b, "stream_from_states", None)
     b.generate_ids = counting
     if orig_fused is not None:
         b.generate_and_score_ids = counting_fused
     if orig_states is not None:
         b.generate_from_states = counting_states
+    if orig_stream is not None:
+        b.stream_from_states = counting_stream
     try:
         t0 = time.perf_counter()
         shape_traces(b, traces, steps, variant, max_new_tokens, batched=batched)
@@ -118,6 +129,8 @@ def shape_once(b, traces: list, steps: int, variant: str, max_new_tokens: int, b
             del b.generate_and_score_ids
         if orig_states is not None:
             del b.generate_from_states
+        if orig_stream is not None:
+            del b.stream_from_states
     return {"seconds": seconds, **work, "decisions": [t.decisions for t in traces],
             "irreversible": sum(t.rejected_irreversible for t in traces),
             "cut": sum(t.rejected_cut for t in traces), "accepted": sum(t.accepted for t in traces)}

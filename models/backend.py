@@ -155,6 +155,11 @@ class KeepsStates(TokenBackend, Protocol):
         """One sample after each state's first `cuts` tokens, as `generate_ids` would draw it."""
         ...
 
+    def stream_from_states(self, requests: list[tuple], sampling: Sampling, on_done) -> list[Completion]:
+        """`generate_from_states` of (state, cut, row seed) requests in one running batch, where each decode
+        step's finished rows go to `on_done([(request number, Completion)])`, whose returned requests join it."""
+        ...
+
 
 def end_ids(generation_eos: int | list[int] | None, tokenizer) -> list[int]:
     """Every id that ends a completion: the generation config's end ids (one or a list) plus the tokenizer's

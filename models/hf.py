@@ -33,7 +33,11 @@ batch to its longest prompt. Here
   exponential pass over the logits that also yields the token's log-prob (torch.multinomial drew exponential
   noise over the whole vocabulary from one thread, a quarter of decode time);
 - decode steps of a prompt's n > 1 samples attend to the prompt once per group (models/cascade.py: 1.20x
-  faster `generate` over 388-token few-shot prompts on 2 AVX2 cores) where that pays; SDPA elsewhere;
+  faster `generate` over 388-token few-shot prompts on 2 AVX2 cores, 1.46x on 2 AVX512_BF16 cores over a bf16
+  cache) where that pays; SDPA or the float32 decode attention elsewhere;
+- `stream_from_states` (MCMC shaping's chains) hands each finished row to its caller inside the decode loop,
+  and the caller's next requests join the running batch: a chain proposes again as soon as its own move is
+  decided, instead of every chain waiting for the longest proposal of the step;
 - `score` runs the decoder once and applies the 49k-wide output layer in chunks, so logits never
   materialise for a whole batch at once;
 - `generate_and_score_ids` (MCMC shaping) runs each prompt's given continuation in the prompt's own prefill,
@@ -113,6 +117,7 @@ class TransformersBackend:
             raise ValueError(f"dtype must be auto, bf16 or fp32, got {dtype!r}")
         self.name = f"transformers:{model_path}"
         self.device, self.dtype, self.batch_size = device, dtype, batch_size
+        self.decode_steps = 0  # decode forwards run so far (one token per row): what a step of the loop costs
         self.score_chunk_tokens = score_chunk_tokens
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
         self.bf16 = bf16_chosen(device, dtype)
@@ -178,7 +183,12 @@ class TransformersBackend:
     def _generate(self, ids: list[list[int]], n: int, sampling: Sampling, progress: Callable[[int], None] | None,
                   row_seeds: list[int] | None, after: list[list[int]] | None = None,
                   prefill: Callable[[list[int]], DecodeBatch] | None = None,
+                  more: Callable[[list[tuple[int, Completion]]], int] | None = None,
                   ) -> tuple[list[list[Completion]], list[list[float]]]:
+        """The decode loop. `prefill(batch)`: the prompts' states computed before (`stream_from_states`), else
+        they are prefilled here. `more(finished)`: called with each decode step's finished rows as (prompt,
+        Completion) (n = 1); it may append prompts to `ids` (and `row_seeds`), returns how many, and those join
+        the queue."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         if row_seeds is not None and len(row_seeds) != len(ids):
@@ -195,6 +205,12 @@ class TransformersBackend:
         run = DecodeBatch(spare=min(sampling.max_new_tokens, 128), shared=SharedPrompts(n) if share else None)
         step_kwargs = {SHARED_KWARG: run.shared} if share else {}
         eos = torch.tensor(self.eos_ids)
+
+        def completion(key: tuple[int, int]) -> Completion:
+            toks = tokens.get(key, [])
+            return Completion(self.tokenizer.decode(toks, skip_special_tokens=True), toks, lps.get(key, []),
+                              finish[key], *stops.get(key, (None, None)))
+
         while queue or run.size:
             # rows the KV budget allows once the widest waiting prompt joins (queue[0]: longest first)
             limit = self.rows_within(max(run.width, len(ids[queue[0]])), sampling.max_new_tokens) if queue else 0
@@ -217,21 +233,30 @@ class TransformersBackend:
             tok, tok_lp_t = draw(run.logits, sampling.temperature, sampling.top_p, u)
             tok_lp = tok_lp_t.tolist()
             done = torch.isin(tok, eos).tolist()
+            ended = []
             for k, key in enumerate(run.rows):
                 if done[k]:
                     finish[key] = "stop"
                     stops[key] = (tok[k].item(), tok_lp[k])
+                    ended.append(key)
                     continue
                 tokens.setdefault(key, []).append(tok[k].item())
                 lps.setdefault(key, []).append(tok_lp[k])
                 if len(tokens[key]) >= sampling.max_new_tokens:
                     done[k] = True
                     finish[key] = "length"
+                    ended.append(key)
             keep = [k for k, d in enumerate(done) if not d]
             if progress and len(keep) < run.size:
                 progress(run.size - len(keep))
             run.select(keep, tok)
+            if more is not None and ended:
+                added = more([(i, completion((i, j))) for i, j in ended])
+                if added:
+                    queue = sorted(queue + list(range(len(ids) - added, len(ids))), key=lambda i: len(ids[i]),
+                                   reverse=True)
             if run.size:
+                self.decode_steps += 1
                 with autocast(self.device, self.dtype):
                     run.logits = self.model(input_ids=run.last[:, None].to(self.device),
                                             attention_mask=run.mask.to(self.device),
@@ -252,9 +277,39 @@ class TransformersBackend:
         """`generate_ids([s.ids[:cut] ...], 1, ...)` from states (models/states.py) of longer sequences: each
         row's prompt is its state's first `cuts` tokens, whose keys, values and last hidden state are taken from
         the state instead of a prefill (MCMC's proposals start inside a trace whose context the chain keeps)."""
-        check_cuts(states, cuts)
-        if any(cut < 1 for cut in cuts):
-            raise ValueError("generate_from_states: every prompt needs at least one token of its state")
+        if row_seeds is not None and len(row_seeds) != len(states):
+            raise ValueError("row_seeds needs one seed per prompt")
+        seeds = row_seeds if row_seeds is not None else [None] * len(states)
+        return [[c] for c in self.stream_from_states(list(zip(states, cuts, seeds)), sampling, lambda done: [])]
+
+    def stream_from_states(self, requests: list[tuple[SeqState, int, int | None]], sampling: Sampling,
+                           on_done: Callable[[list[tuple[int, Completion]]], list[tuple[SeqState, int, int | None]]]
+                           ) -> list[Completion]:
+        """One sample after each request's state prefix, as `generate_from_states` draws it, where finishing
+        rows make new requests: `requests` are (state, cut, row seed or None), numbered in the order given;
+        `on_done` gets each decode step's finished ones as (number, Completion) and returns the requests that
+        follow (numbered on), which join the running batch. Returns every request's Completion, by number.
+        Seeds are all given or all None (then one generator per call, as `generate_ids`)."""
+        states: list[SeqState] = []
+        cuts: list[int] = []
+        seeds: list[int] = []
+        ids: list[list[int]] = []
+
+        def add(new: list[tuple[SeqState, int, int | None]]) -> int:
+            check_cuts([st for st, _, _ in new], [cut for _, cut, _ in new])
+            if any(cut < 1 for _, cut, _ in new):
+                raise ValueError("generate_from_states: every prompt needs at least one token of its state")
+            if any((seed is None) != (seeds_given is None) for _, _, seed in new):
+                raise ValueError("stream_from_states: give a row seed for every request or for none")
+            for st, cut, seed in new:
+                states.append(st)
+                cuts.append(cut)
+                seeds.append(seed)
+                ids.append(st.ids[:cut])
+            return len(new)
+
+        seeds_given = requests[0][2] if requests else None
+        add(requests)
 
         def prefill(batch: list[int]) -> DecodeBatch:
             picked, at = [states[i] for i in batch], [cuts[i] for i in batch]
@@ -265,8 +320,9 @@ class TransformersBackend:
                 b.logits = self._head(last_hidden(picked, at).to(self.device)).float()
             return b
 
-        return self._generate([s.ids[:cut] for s, cut in zip(states, cuts)], 1, sampling, None, row_seeds,
-                              prefill=prefill)[0]
+        out = self._generate(ids, 1, sampling, None, seeds if seeds_given is not None else None, prefill=prefill,
+                             more=lambda done: add(on_done(done)))[0]
+        return [g[0] for g in out]
 
     def rows_within(self, width: int, max_new_tokens: int) -> int:
         """Rows that may decode together: `batch_size`, fewer when rows `width` columns wide, plus the

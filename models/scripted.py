@@ -246,6 +246,7 @@ class ScriptedBackend(TransformersBackend):
     """Scripted answers (`script`), scored token by token by the wrapped transformers model."""
 
     generate_from_states = None  # proposals come from the script: MCMC keeps no states for it (tasks/core/mcmc.py)
+    stream_from_states = None
 
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
                  version: int | None = None, **kw):

@@ -327,3 +327,30 @@ def test_sequence_states_score_as_score_and_sample_as_generate(tiny_backend):
         b.generate_from_states(states[:1], [0], s)
     with pytest.raises(ValueError, match="empty prompt"):
         b.open_states([[]], [[5]])
+
+
+def test_streamed_requests_sample_what_each_samples_alone(tiny_backend):
+    """`stream_from_states`: requests that join the running batch as earlier rows finish (MCMC's chains) draw
+    the keyed samples each would draw alone, and every request's Completion comes back, numbered in the order
+    the requests were made. Seeds are given for all requests or none: a one-line error otherwise."""
+    b = tiny_backend
+    prompts = b.encode(_render(b, PROMPTS))
+    states, _ = b.open_states(prompts, b.encode(["The answer is 5.", "56", "Because seven eights"]))
+    s = Sampling(1.0, 1.0, 10, 0)
+    made = [(states[r % 3], len(states[r % 3]) - r, 100 + r) for r in range(8)]
+    queue, seen = list(made[3:]), []
+
+    def on_done(rows):
+        seen.append([num for num, _ in rows])
+        return [queue.pop(0) for _ in rows if queue]
+
+    before = b.decode_steps
+    out = b.stream_from_states(made[:3], s, on_done)
+    assert sorted(n for batch in seen for n in batch) == list(range(8)) and len(out) == 8
+    assert len(seen) >= 3 and b.decode_steps - before >= 10  # requests joined after the first ones finished
+    for (st, cut, seed), got in zip(made, out):
+        alone = b.generate_from_states([st], [cut], s, row_seeds=[seed])[0][0]
+        assert got.token_ids == alone.token_ids and got.finish_reason == alone.finish_reason
+        assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
+    with pytest.raises(ValueError, match="a row seed for every request or for none"):
+        b.stream_from_states(made[:1], s, lambda rows: [(states[0], 2, None)])

@@ -300,7 +300,7 @@ def test_kept_states_make_the_chains_of_prompts_scored_afresh(stopping_tiny, mon
     b = stopping_tiny
     kept, *_ = _setup(b, 16, lambda ids: True)
     shape_traces(b, kept, steps=8, variant="mh", max_new_tokens=LIMIT)
-    monkeypatch.setattr(b, "generate_from_states", None)  # the backend keeps no states: prompts scored afresh
+    monkeypatch.setattr(b, "stream_from_states", None)  # the backend keeps no states: prompts scored afresh
     fresh, *_ = _setup(b, 16, lambda ids: True)
     shape_traces(b, fresh, steps=8, variant="mh", max_new_tokens=LIMIT)
     assert sum(t.accepted for t in kept) >= 4 and any(t.decisions[-1] or t.decisions[-2] for t in kept)
@@ -308,6 +308,31 @@ def test_kept_states_make_the_chains_of_prompts_scored_afresh(stopping_tiny, mon
     assert [t.ids for t in kept] == [t.ids for t in fresh]
     for a, f in zip(kept, fresh):
         assert a.lp == pytest.approx(f.lp, abs=1e-4)
+
+
+def test_chains_that_keep_states_do_not_wait_for_the_longest_proposal(stopping_tiny, monkeypatch):
+    """Streamed chains (`stream_from_states`): a chain's next proposal joins the running batch as soon as its
+    move is decided, so shaping runs fewer decode steps than lockstep would (every step as long as its longest
+    proposal), and no fewer than the busiest chain's own proposals need."""
+    from tasks.core import mcmc
+
+    b = stopping_tiny
+    traces, *_ = _setup(b, 8, lambda ids: True)
+    drawn: dict[tuple[int, int], int] = {}  # (chain, step) -> its proposal's tokens, the end token included
+    real = mcmc.proposed_suffix
+
+    def watching(t, move, c, *args):
+        drawn[traces.index(t), t.proposed - 1] = len(c.token_ids) + (c.finish_reason == "stop")
+        return real(t, move, c, *args)
+
+    monkeypatch.setattr(mcmc, "proposed_suffix", watching)
+    before = b.decode_steps
+    shape_traces(b, traces, steps=6, variant="mh", max_new_tokens=LIMIT)
+    streamed = b.decode_steps - before
+    # a proposal of L tokens takes L draws, all but its last after a decode step
+    lockstep = sum(max(n for (_, s), n in drawn.items() if s == step) - 1 for step in {s for _, s in drawn})
+    busiest = max(sum(n for (k, _), n in drawn.items() if k == chain) for chain in {k for k, _ in drawn})
+    assert len(drawn) >= 30 and busiest - 6 <= streamed < lockstep, (streamed, lockstep, busiest)
 
 
 def test_chains_keep_states_only_within_the_kv_budget(stopping_tiny, monkeypatch, caplog):

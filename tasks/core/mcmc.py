@@ -25,8 +25,9 @@ Hence, in both directions:
 A start without EOS (a trace cut before it ended) is therefore never shaped: no move from it is reversible,
 and an incomplete trace is not in the target's support. Each trace counts its rejections for either reason.
 
-Batched: every step makes ONE generate call for all traces' proposals and ONE score call for their terms.
-π(s | x, y_<i) of the current trace comes from a per-trace cache of its token log-probs, so only the new
+Batched, prompts computed afresh (`lockstep`: a backend that keeps no states, the scripted policy, or chains
+over the KV budget): every step makes ONE generate call for all traces' proposals and ONE score call for their
+terms. π(s | x, y_<i) of the current trace comes from a per-trace cache of its token log-probs, so only the new
 suffix is scored under π. q(s' | c, y_<i) is the proposal's own log-probs as it sampled s' (T = 1, no
 nucleus: exactly the density s' was drawn from), end-of-sequence token included, where the backend reports
 that token and its log-prob (transformers, vLLM: `Completion.stop_token`); elsewhere (the scripted
@@ -41,8 +42,15 @@ model's keys, values and hidden states over c, y and x, y (models/states.py) and
 proposal samples from the first |c| + i positions without a prefill, q(s | c, y_<i) is read off, pi(s' | x,
 y_<i) runs s' alone over the first |x| + i positions, and an accepted move extends the proposal state by s'
 (the policy state it was scored with becomes the chain's). Per step the model runs the proposals' tokens and
-the accepted suffixes, not the ~100-300-token prompts three times over. It runs over 300 lines because the
-chains' two ways of computing the same densities (kept states, or prompts scored afresh) share the step.
+the accepted suffixes, not the ~100-300-token prompts three times over. Such chains are not in lockstep
+(`streamed`): their proposals decode in one running batch (the backend's `stream_from_states`), and a chain's
+move is decided as soon as its own proposal ends, its next proposal joining the batch at once, so no chain
+waits for the step's longest proposal (a proposal the limit cuts runs all 64 tokens; in a default round 0, 9
+of 32 did, and lockstep decoded 472 steps where the busiest chain's own proposals took 389). Each chain draws
+and decides exactly as in lockstep, in its own order; only the batching of the same computations differs.
+It runs over 300 lines because the chains' two ways of computing the same densities (kept states, streamed;
+or prompts scored afresh, in lockstep) share their draws and decisions (`draw_move`, `proposed_suffix`,
+`decide`).
 Traces are token ids, ending in end-of-sequence when complete; scores include that token.
 """
 
@@ -55,7 +63,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from models.backend import KeepsStates, Sampling, TokenBackend
+from models.backend import Completion, KeepsStates, Sampling, TokenBackend
 from models.meter import record
 from tasks.core.ids import RNG_HEX, seed_of
 
@@ -119,30 +127,84 @@ def proposable(suffix: list[int], eos_ids: list[int], max_new_tokens: int) -> bo
             and not any(tok in eos_ids for tok in suffix[:-1]))
 
 
+@dataclass
+class Move:
+    """One step's draws for a chain: the cut point i, the acceptance uniform, the proposal's sampling seed (in
+    that order from the chain's own stream), and whether the move can be proposed at all (MH: the old suffix
+    must be one the proposal could generate back)."""
+
+    cut: int
+    u: float
+    seed: int
+    movable: bool
+
+
+def draw_move(t: Trace, variant: str, eos_ids: list[int], max_new_tokens: int) -> Move:
+    """The chain's next step: its draws, counted as proposed (and as irreversible where it is not movable: an
+    MH move whose old suffix the proposal could never generate back has A = 0 whatever y' is, so it is rejected
+    from the cut point alone, and nothing is generated for it)."""
+    cut, u, seed = t.rng.randrange(len(t.ids)), t.rng.random(), t.rng.getrandbits(31)
+    t.proposed += 1
+    movable = variant != "mh" or proposable(t.ids[cut:], eos_ids, max_new_tokens)
+    if not movable:
+        t.rejected_irreversible += 1
+    return Move(cut, u, seed, movable)
+
+
+def proposed_suffix(t: Trace, move: Move, c: Completion, eos_ids: list[int], max_new_tokens: int
+                    ) -> tuple[list[int], list[float] | None] | None:
+    """The suffix s' a finished proposal gives (the end token it stopped on included) and q(s' | c, y_<i) as it
+    was drawn, where the backend reports the end token's log-prob (else None: to be scored); None for a
+    proposal cut by the length limit (counted: not a complete trace) or one whose trace is outside C."""
+    suffix = list(c.token_ids) + [c.stop_token if c.stop_token is not None else eos_ids[0]]
+    if c.finish_reason != "stop" or not proposable(suffix, eos_ids, max_new_tokens):
+        t.rejected_cut += 1
+        return None
+    if not t.in_c(t.ids[:move.cut] + suffix):
+        return None
+    drawn = c.stop_logprob is not None and len(c.logprobs) == len(c.token_ids)
+    return suffix, (list(c.logprobs) + [c.stop_logprob] if drawn else None)
+
+
+def decide(t: Trace, move: Move, suffix: list[int], pi_new: list[float], q_old: list[float] | None,
+           q_new: list[float] | None, variant: str) -> bool:
+    """Accept or reject the move to y_<i + s' (MH from the three terms; greedy: the mean log-prob rises), and
+    apply it to the chain."""
+    i = move.cut
+    new, new_lp = t.ids[:i] + suffix, t.lp[:i] + pi_new
+    if variant == "mh":
+        log_a = mh_log_accept(sum(pi_new), sum(t.lp[i:]), sum(q_old), sum(q_new), len(t.ids), len(new))
+        accept = math.log(max(move.u, 1e-300)) < min(0.0, log_a)
+    else:
+        accept = mean(new_lp) > mean(t.lp)
+    t.decisions.append(accept)
+    if accept:
+        t.ids, t.lp = new, new_lp
+        t.accepted += 1
+    return accept
+
+
 class ChainStates:
     """Each chain's model states (models/states.py) where the backend keeps them (`open_states`): the policy's
-    over x, y and the proposal's over c, y, with q's per-token log-probs of y. A step's proposal then starts
-    from the first |c| + i positions of the proposal state (no prefill), q(s | c, y_<i) is read off the
-    cache, pi(s' | x, y_<i) computes only s' over the policy state's first |x| + i positions, and an accepted
-    move extends both states by s' from the cut. The same densities as computing every prefix again, to float
+    over x, y and the proposal's over c, y, with q's per-token log-probs of y. A proposal then starts from the
+    first |c| + i positions of the proposal state (no prefill), q(s | c, y_<i) is read off the cache,
+    pi(s' | x, y_<i) computes only s' over the policy state's first |x| + i positions, and an accepted move
+    extends both states by s' from the cut. The same densities as computing every prefix again, to float
     rounding."""
 
     def __init__(self, backend: KeepsStates, traces: list[Trace]):
         self.backend = backend
         self.pi, lps = backend.open_states([t.prompt_ids for t in traces], [t.ids for t in traces])
         self.q, self.q_lp = backend.open_states([t.context_ids for t in traces], [t.ids for t in traces])
-        self.pending: dict = {}  # the policy states the step's scored proposals would leave
+        self.pending: dict = {}  # the policy states the scored proposals would leave
         for t, lp in zip(traces, lps):
             t.lp, t.start_lp = lp, list(lp)
 
-    def propose(self, traces: list[Trace], movable: list[int], cuts: list[int], sampling: Sampling,
-                seeds: list[int]) -> tuple[list, dict[int, list[float]]]:
-        out = self.backend.generate_from_states([self.q[k] for k in movable],
-                                                [len(traces[k].context_ids) + cuts[k] for k in movable], sampling,
-                                                row_seeds=[seeds[k] for k in movable])
-        return out, {k: self.q_lp[k][cuts[k]:] for k in movable}
+    def request(self, t: Trace, k: int, move: Move) -> tuple:
+        """Chain k's proposal as `stream_from_states` takes it: its proposal state, cut after |c| + i tokens."""
+        return self.q[k], len(t.context_ids) + move.cut, move.seed
 
-    def score_new(self, traces: list[Trace], live: list[int], cuts: list[int], suffixes: dict[int, list[int]]
+    def score_new(self, traces: list[Trace], live: list[int], cuts: dict[int, int], suffixes: dict[int, list[int]]
                   ) -> dict[int, list[float]]:
         """pi(s' | x, y_<i) of each live proposal; the policy state each would leave is kept for `accept`."""
         states, lps = self.backend.extend_states([self.pi[k] for k in live],
@@ -151,7 +213,7 @@ class ChainStates:
         self.pending = dict(zip(live, states))
         return dict(zip(live, lps))
 
-    def accept(self, traces: list[Trace], moved: list[int], cuts: list[int], suffixes: dict[int, list[int]]) -> None:
+    def accept(self, traces: list[Trace], moved: list[int], cuts: dict[int, int], suffixes: dict[int, list[int]]) -> None:
         """The accepted moves' states: the policy's as scored, the proposal's extended by s' from the cut."""
         if moved:
             states, lps = self.backend.extend_states([self.q[k] for k in moved],
@@ -167,7 +229,7 @@ def keeps_states(backend: TokenBackend, traces: list[Trace], max_new_tokens: int
     scripted policy, whose proposals come from its script), and their states fit in its KV budget
     (`kv_cache_gib`): x, y and c, y per chain, each with room for a suffix of `max_new_tokens`. Otherwise every
     prompt is computed afresh each step (the same densities, more compute), and the log says why."""
-    if not all(callable(getattr(backend, m, None)) for m in ("open_states", "extend_states", "generate_from_states")):
+    if not all(callable(getattr(backend, m, None)) for m in ("open_states", "extend_states", "stream_from_states")):
         return False
     tokens = sum(len(t.prompt_ids) + len(t.context_ids) + 2 * (len(t.ids) + max_new_tokens) for t in traces)
     need = tokens * backend.kv_bytes_per_token
@@ -178,122 +240,157 @@ def keeps_states(backend: TokenBackend, traces: list[Trace], max_new_tokens: int
     return True
 
 
-def propose(backend: TokenBackend, traces: list[Trace], movable: list[int], cuts: list[int], seeds: list[int],
-            step: int, max_new_tokens: int, reverse: bool, states: ChainStates | None = None
-            ) -> tuple[list, dict[int, list[float]]]:
+def score_missing(backend: TokenBackend, wanted: list[tuple[dict, int, list[int], list[int]]]) -> None:
+    """One score call for the terms no state or proposal gave: (terms dict, chain, prompt, continuation)."""
+    if wanted:
+        for (terms, k, _, _), lp in zip(wanted, backend.score_ids([w[2] for w in wanted], [w[3] for w in wanted])):
+            terms[k] = lp
+
+
+def streamed(backend: KeepsStates, traces: list[Trace], states: ChainStates, steps: int, variant: str,
+             max_new_tokens: int, eos_ids: list[int], advance: Callable[[int], None]) -> None:
+    """`steps` steps of every chain that keeps states, without lockstep: each chain's proposal decodes in one
+    running batch (`stream_from_states`), and as it finishes the move is decided (pi(s') from the policy
+    state, q(s) from the proposal state, q(s') as drawn) and the chain's next proposal joins the batch. A step
+    no longer waits for the step's longest proposal (64 tokens for every proposal the limit cuts); each chain
+    draws and decides exactly as in lockstep, so the chains are the same either way. `advance(k)`: chain k
+    finished a step."""
+    done = [0] * len(traces)
+    moves: dict[int, Move] = {}
+    owner: list[int] = []  # request number -> chain
+    drawn: list[Completion] = []
+
+    def next_requests(chains: list[int]) -> list[tuple]:
+        out = []
+        for k in chains:
+            while done[k] < steps:
+                move = draw_move(traces[k], variant, eos_ids, max_new_tokens)
+                if move.movable:
+                    moves[k] = move
+                    owner.append(k)
+                    out.append(states.request(traces[k], k, move))
+                    break
+                traces[k].decisions.append(False)
+                done[k] += 1
+                advance(k)
+        return out
+
+    def finished(rows: list[tuple[int, Completion]]) -> list[tuple]:
+        chains = [owner[num] for num, _ in rows]
+        found = {}
+        for k, (_, c) in zip(chains, rows):
+            drawn.append(c)
+            got = proposed_suffix(traces[k], moves[k], c, eos_ids, max_new_tokens)
+            if got is not None:
+                found[k] = got
+        live = sorted(found)
+        cuts = {k: moves[k].cut for k in chains}
+        suffixes = {k: found[k][0] for k in live}
+        pi_new = states.score_new(traces, live, cuts, suffixes)
+        q_new = {k: found[k][1] for k in live if found[k][1] is not None}
+        if variant == "mh":
+            score_missing(backend, [(q_new, k, traces[k].context_ids + traces[k].ids[:cuts[k]], suffixes[k])
+                                    for k in live if k not in q_new])
+        moved = [k for k in live if decide(traces[k], moves[k], suffixes[k], pi_new[k], states.q_lp[k][cuts[k]:],
+                                           q_new.get(k), variant)]
+        for k in chains:
+            if k not in found:
+                traces[k].decisions.append(False)
+        states.accept(traces, moved, cuts, suffixes)
+        for k in chains:
+            done[k] += 1
+            advance(k)
+        return next_requests(chains)
+
+    backend.stream_from_states(next_requests(list(range(len(traces)))), Sampling(1.0, 1.0, max_new_tokens, 0),
+                               finished)
+    if drawn:
+        record("mcmc", [drawn])  # one call: the chains' proposals decode in one running batch
+
+
+def propose(backend: TokenBackend, traces: list[Trace], movable: list[int], moves: list[Move], step: int,
+            max_new_tokens: int, reverse: bool) -> tuple[list, dict[int, list[float]]]:
     """The proposals of the `movable` traces (T = 1: kappa samples pi_ref, keyed per trace) and, with
-    `reverse` (MH), the old suffixes' q(s | c, y_<i) where the backend gives them with the proposal (from the
-    chains' `states`, or scored in the proposal's own prefill by `generate_and_score_ids`), {trace index:
-    log-probs}; elsewhere the score call scores them."""
+    `reverse` (MH), the old suffixes' q(s | c, y_<i) where the backend scores them in the proposal's own
+    prefill (`generate_and_score_ids`), {trace index: log-probs}; elsewhere the score call scores them."""
     if not movable:
         return [], {}
     sampling = Sampling(1.0, 1.0, max_new_tokens, step)
-    if states is not None:
-        out, q_old = states.propose(traces, movable, cuts, sampling, seeds)
-        return record("mcmc", out), q_old if reverse else {}
-    prompts = [traces[k].context_ids + traces[k].ids[:cuts[k]] for k in movable]
+    prompts = [traces[k].context_ids + traces[k].ids[:moves[k].cut] for k in movable]
+    seeds = [moves[k].seed for k in movable]
     fused = getattr(backend, "generate_and_score_ids", None) if reverse else None
     if fused is None:
-        return record("mcmc", backend.generate_ids(prompts, 1, sampling, row_seeds=[seeds[k] for k in movable])), {}
-    out, q_old = fused(prompts, [traces[k].ids[cuts[k]:] for k in movable], sampling,
-                       row_seeds=[seeds[k] for k in movable])
+        return record("mcmc", backend.generate_ids(prompts, 1, sampling, row_seeds=seeds)), {}
+    out, q_old = fused(prompts, [traces[k].ids[moves[k].cut:] for k in movable], sampling, row_seeds=seeds)
     return record("mcmc", out), dict(zip(movable, q_old))
 
 
-def _step(backend: TokenBackend, traces: list[Trace], step: int, variant: str, max_new_tokens: int,
-          eos_ids: list[int], states: ChainStates | None = None) -> None:
-    """One MCMC step for every trace: one batched generate call, one batched score call (with `states`: one
-    extension of the policy states by the proposals, and one of the proposal states by the accepted ones)."""
-    cuts = [t.rng.randrange(len(t.ids)) for t in traces]
-    us = [t.rng.random() for t in traces]
-    seeds = [t.rng.getrandbits(31) for t in traces]
-    for t in traces:
-        t.proposed += 1
-    # MH: a move whose old suffix the proposal could never generate back has A = 0 whatever y' is, so it is
-    # rejected from the cut point alone, and nothing is generated for it
-    movable = [k for k, (t, i) in enumerate(zip(traces, cuts))
-               if variant != "mh" or proposable(t.ids[i:], eos_ids, max_new_tokens)]
-    for k in set(range(len(traces))) - set(movable):
-        traces[k].rejected_irreversible += 1
-    out, q_old_of = propose(backend, traces, movable, cuts, seeds, step, max_new_tokens, variant == "mh", states)
-    news: list[tuple[list[int], list[int]] | None] = [None] * len(traces)
-    q_sampled: dict[int, list[float]] = {}  # q(s' | c, y_<i) as the proposal drew s', end token included
+def lockstep(backend: TokenBackend, traces: list[Trace], step: int, variant: str, max_new_tokens: int,
+             eos_ids: list[int]) -> None:
+    """One MCMC step for every chain that keeps no states (prompts computed afresh): one batched generate call
+    and one score call for the terms the proposal did not give: pi(s' | x, y_<i), q(s | c, y_<i), q(s' | c, y_<i)."""
+    moves = [draw_move(t, variant, eos_ids, max_new_tokens) for t in traces]
+    movable = [k for k, m in enumerate(moves) if m.movable]
+    out, q_old = propose(backend, traces, movable, moves, step, max_new_tokens, variant == "mh")
+    found = {}
     for k, g in zip(movable, out):
-        t, i, c = traces[k], cuts[k], g[0]
-        suffix = list(c.token_ids) + [c.stop_token if c.stop_token is not None else eos_ids[0]]
-        if c.finish_reason != "stop" or not proposable(suffix, eos_ids, max_new_tokens):
-            t.rejected_cut += 1  # cut by the limit: not a complete trace
-            continue
-        new = t.ids[:i] + suffix
-        news[k] = (new, suffix) if t.in_c(new) else None
-        if c.stop_logprob is not None and len(c.logprobs) == len(c.token_ids):
-            q_sampled[k] = list(c.logprobs) + [c.stop_logprob]
-    live = [k for k, n in enumerate(news) if n is not None]
-    suffixes = {k: news[k][1] for k in live}
-    # the three terms per live move: from the chains' states and the proposal where they give them, the rest in
-    # one score call: pi(s' | x, y_<i), q(s | c, y_<i), q(s' | c, y_<i)
-    terms = {"pi_new": states.score_new(traces, live, cuts, suffixes) if states is not None else {},
-             "q_old": q_old_of, "q_new": q_sampled}
-    wanted, score_p, score_c = [], [], []
-    for k in live:
-        t, i, suffix = traces[k], cuts[k], suffixes[k]
-        rows = [("pi_new", t.prompt_ids + t.ids[:i], suffix)]
+        got = proposed_suffix(traces[k], moves[k], g[0], eos_ids, max_new_tokens)
+        if got is not None:
+            found[k] = got
+    pi_new: dict[int, list[float]] = {}
+    q_new = {k: q for k, (_, q) in found.items() if q is not None}
+    wanted = []
+    for k, (suffix, _) in sorted(found.items()):
+        t, i = traces[k], moves[k].cut
+        wanted.append((pi_new, k, t.prompt_ids + t.ids[:i], suffix))
         if variant == "mh":
-            rows += [("q_old", t.context_ids + t.ids[:i], t.ids[i:]), ("q_new", t.context_ids + t.ids[:i], suffix)]
-        for name, prompt, cont in rows:
-            if k not in terms[name]:
-                wanted.append((name, k))
-                score_p.append(prompt)
-                score_c.append(cont)
-    for (name, k), lp in zip(wanted, backend.score_ids(score_p, score_c) if score_p else []):
-        terms[name][k] = lp
-    moved = []
-    for k, (t, i, u) in enumerate(zip(traces, cuts, us)):
-        if news[k] is None:
-            t.decisions.append(False)
-            continue
-        new, _ = news[k]
-        pi_new = terms["pi_new"][k]
-        new_lp = t.lp[:i] + pi_new
-        if variant == "mh":
-            log_a = mh_log_accept(sum(pi_new), sum(t.lp[i:]), sum(terms["q_old"][k]), sum(terms["q_new"][k]),
-                                  len(t.ids), len(new))
-            accept = math.log(max(u, 1e-300)) < min(0.0, log_a)
+            wanted += [(q_old, k, t.context_ids + t.ids[:i], t.ids[i:])] if k not in q_old else []
+            wanted += [(q_new, k, t.context_ids + t.ids[:i], suffix)] if k not in q_new else []
+    score_missing(backend, wanted)
+    for k, t in enumerate(traces):
+        if k in found:
+            decide(t, moves[k], found[k][0], pi_new[k], q_old.get(k), q_new.get(k), variant)
         else:
-            accept = mean(new_lp) > mean(t.lp)
-        t.decisions.append(accept)
-        if accept:
-            t.ids, t.lp = new, new_lp
-            t.accepted += 1
-            moved.append(k)
-    if states is not None:
-        states.accept(traces, moved, cuts, suffixes)
+            t.decisions.append(False)
 
 
 def shape_traces(backend: TokenBackend, traces: list[Trace], steps: int, variant: str = "mh", max_new_tokens: int = 64,
                  batched: bool = True, on_step=None) -> list[Trace]:
     """Run `steps` MCMC steps on every complete trace (ending in EOS) in C; the others are left as they are,
-    unscored. Batched: one generate and one score call per step for all traces; otherwise the same chains
-    one trace at a time."""
+    unscored. Batched: all chains together (streamed where they keep states, else one generate and one score
+    call per step); otherwise the same chains one trace at a time. `on_step(s)`: every chain finished step s."""
     if variant not in ("mh", "greedy"):
         raise ValueError(f"variant must be mh or greedy, got {variant!r}")
     eos_ids = list(backend.eos_ids)
     # a start without EOS is a cut trace: outside the target's support, and no move from it is reversible
     live = [t for t in traces if t.ids and t.ids[-1] in eos_ids and t.in_c(t.ids)]
-    groups = [g for g in ([live] if batched else [[t] for t in live]) if g]
-    kept: list[ChainStates | None] = []
-    for g in groups:
+    done = {id(t): 0 for t in live}
+    reported = 0
+
+    def advance(t: Trace) -> None:
+        nonlocal reported
+        done[id(t)] += 1
+        while on_step and reported < min(done.values()):
+            on_step(reported)
+            reported += 1
+
+    fresh = []
+    for g in [g for g in ([live] if batched else [[t] for t in live]) if g]:
         if keeps_states(backend, g, max_new_tokens):  # scores the starts as it opens the states
-            kept.append(ChainStates(backend, g))
+            streamed(backend, g, ChainStates(backend, g), steps, variant, max_new_tokens, eos_ids,
+                     lambda k, g=g: advance(g[k]))
             continue
-        kept.append(None)
         for t, lp in zip(g, backend.score_ids([t.prompt_ids for t in g], [t.ids for t in g])):
             t.lp, t.start_lp = lp, list(lp)
-    for s in range(steps):
-        for g, states in zip(groups, kept):
-            _step(backend, g, s, variant, max_new_tokens, eos_ids, states)
-        if on_step:
-            on_step(s)
+        fresh.append(g)
+    for s in range(steps if fresh else 0):
+        for g in fresh:
+            lockstep(backend, g, s, variant, max_new_tokens, eos_ids)
+            for t in g:
+                advance(t)
+    while on_step and reported < steps:  # no chain to shape: the steps pass empty
+        on_step(reported)
+        reported += 1
     return traces
 
 
