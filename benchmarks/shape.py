@@ -106,7 +106,7 @@ def shape_once(b, traces: list, steps: int, variant: str, max_new_tokens: int, b
         before = b.decode_steps
         out = orig_stream(*args, **kw)
         work["generated"] += sum(len(c.token_ids) + (c.finish_reason == "stop") for c in out)
-        work["decode_steps"] += b.decode_steps - before + 1  # the first draw comes from the states, before a step
+        work["decode_steps"] += b.decode_steps - before + bool(out)  # the first draw needs no step before it
         return out
 
     orig, orig_fused = b.generate_ids, getattr(b, "generate_and_score_ids", None)
@@ -115,10 +115,10 @@ def shape_once(b, traces: list, steps: int, variant: str, max_new_tokens: int, b
     b.generate_ids = counting
     if orig_fused is not None:
         b.generate_and_score_ids = counting_fused
-    if orig_states is not None:
-        b.generate_from_states = counting_states
-    if orig_stream is not None:
+    if orig_stream is not None:  # generate_from_states runs through it: counted there, once
         b.stream_from_states = counting_stream
+    elif orig_states is not None:
+        b.generate_from_states = counting_states
     try:
         t0 = time.perf_counter()
         shape_traces(b, traces, steps, variant, max_new_tokens, batched=batched)
@@ -127,10 +127,10 @@ def shape_once(b, traces: list, steps: int, variant: str, max_new_tokens: int, b
         del b.generate_ids
         if orig_fused is not None:
             del b.generate_and_score_ids
-        if orig_states is not None:
-            del b.generate_from_states
         if orig_stream is not None:
             del b.stream_from_states
+        elif orig_states is not None:
+            del b.generate_from_states
     return {"seconds": seconds, **work, "decisions": [t.decisions for t in traces],
             "irreversible": sum(t.rejected_irreversible for t in traces),
             "cut": sum(t.rejected_cut for t in traces), "accepted": sum(t.accepted for t in traces)}

@@ -26,7 +26,8 @@ Choices:
   scores to bf16 before the softmax. Its baseline there is models/decode_attention.py's float32 attention,
   which casts every row's whole copy at every step;
 - a step takes the cascade only where it pays (`step`, the MIN_* thresholds below, measured on 2 AVX2 cores
-  for float32 caches, checked on 2 AVX512_BF16 cores for bf16 ones).
+  for float32 caches, checked on 2 AVX512_BF16 cores for bf16 ones); a bf16 cache on a GPU stays on SDPA,
+  where the float32 cascade was never measured.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class SharedPrompts:
         self.slot = torch.zeros(0, dtype=torch.long)  # [B]: each row's sample index (0..n-1)
         self.end = torch.zeros(0, dtype=torch.long)  # [G]: the batch cache's column where each prompt ends
         self.active = False  # does the current step take the cascade (`step`)
+        self.half = False  # the batch's cache is half precision (its prompts are kept here in float32)
 
     def step(self, row_mask: torch.Tensor) -> None:
         """A decode step is next, with this attention mask ([B, W], this step's column included): decide whether
@@ -70,7 +72,8 @@ class SharedPrompts:
         its additive mask, the prompts' additive mask, where each row's queries go)."""
         rows = self.group.numel()
         self.active = (rows >= MIN_ROWS and rows >= MIN_ROWS_PER_PROMPT * self.groups
-                       and int(self.prompt_mask.sum()) >= MIN_PROMPT_TOKENS * self.groups)
+                       and int(self.prompt_mask.sum()) >= MIN_PROMPT_TOKENS * self.groups
+                       and (not self.half or self.keys[0].device.type == "cpu"))
         if not self.active:
             return
         dev = self.keys[0].device if self.keys else row_mask.device
@@ -104,6 +107,7 @@ class SharedPrompts:
         self.group = torch.cat([self.group, torch.arange(first, first + prompts).repeat_interleave(self.n)])
         self.slot = torch.cat([self.slot, torch.arange(self.n).repeat(prompts)])
         mask = prompt_mask.bool()
+        self.half = self.half or any(k.dtype in decode_attention.CAST for k, _ in layers)
         layers = [(k.float(), v.float()) for k, v in layers]  # a half-precision cache's prompts: cast once, here
         if first == 0:
             self.keys, self.values = [k for k, _ in layers], [v for _, v in layers]

@@ -193,6 +193,8 @@ class TransformersBackend:
             raise ValueError(f"n must be >= 1, got {n}")
         if row_seeds is not None and len(row_seeds) != len(ids):
             raise ValueError("row_seeds needs one seed per prompt")
+        if more is not None and (n != 1 or after is not None):
+            raise ValueError("a decode loop that takes more prompts samples one row each, with nothing to score")
         prompts = ids
         queue = sorted(range(len(prompts)), key=lambda i: len(ids[i]), reverse=True)
         gen = torch.Generator().manual_seed(sampling.seed)
@@ -219,7 +221,7 @@ class TransformersBackend:
             if queue and (free >= admit_at or run.size == 0):
                 take = max(1, free // n)  # an empty batch takes a prompt's n samples even over the budget
                 batch, queue = queue[:take], queue[take:]
-                if prefill is not None:  # the prompts' states were computed before (generate_from_states)
+                if prefill is not None:  # the prompts' states were computed before (stream_from_states)
                     new, scored = prefill(batch), []
                 else:
                     new, scored = self._prefill([ids[i] for i in batch], n, [after[i] for i in batch] if after else None)
@@ -279,6 +281,7 @@ class TransformersBackend:
         the state instead of a prefill (MCMC's proposals start inside a trace whose context the chain keeps)."""
         if row_seeds is not None and len(row_seeds) != len(states):
             raise ValueError("row_seeds needs one seed per prompt")
+        check_cuts(states, cuts)
         seeds = row_seeds if row_seeds is not None else [None] * len(states)
         return [[c] for c in self.stream_from_states(list(zip(states, cuts, seeds)), sampling, lambda done: [])]
 
@@ -290,7 +293,7 @@ class TransformersBackend:
         `on_done` gets each decode step's finished ones as (number, Completion) and returns the requests that
         follow (numbered on), which join the running batch. Returns every request's Completion, by number.
         Seeds are all given or all None (then one generator per call, as `generate_ids`)."""
-        states: list[SeqState] = []
+        states: list[SeqState | None] = []  # each dropped once its row is prefilled
         cuts: list[int] = []
         seeds: list[int] = []
         ids: list[list[int]] = []
@@ -298,7 +301,7 @@ class TransformersBackend:
         def add(new: list[tuple[SeqState, int, int | None]]) -> int:
             check_cuts([st for st, _, _ in new], [cut for _, cut, _ in new])
             if any(cut < 1 for _, cut, _ in new):
-                raise ValueError("generate_from_states: every prompt needs at least one token of its state")
+                raise ValueError("stream_from_states: every prompt needs at least one token of its state")
             if any((seed is None) != (seeds_given is None) for _, _, seed in new):
                 raise ValueError("stream_from_states: give a row seed for every request or for none")
             for st, cut, seed in new:
@@ -318,6 +321,8 @@ class TransformersBackend:
             b.next_pos = torch.tensor(at)[:, None]
             with autocast(self.device, self.dtype):  # as `generate_ids`' prefill computes its first logits
                 b.logits = self._head(last_hidden(picked, at).to(self.device)).float()
+            for i in batch:  # copied into the batch: the caller's later states need not wait for the stream's end
+                states[i] = None
             return b
 
         out = self._generate(ids, 1, sampling, None, seeds if seeds_given is not None else None, prefill=prefill,

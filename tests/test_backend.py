@@ -349,7 +349,7 @@ def test_streamed_requests_sample_what_each_samples_alone(tiny_backend):
     assert sorted(n for batch in seen for n in batch) == list(range(8)) and len(out) == 8
     assert len(seen) >= 3 and b.decode_steps - before >= 10  # requests joined after the first ones finished
     for (st, cut, seed), got in zip(made, out):
-        alone = b.generate_from_states([st], [cut], s, row_seeds=[seed])[0][0]
+        alone = b.generate_ids([st.ids[:cut]], 1, s, row_seeds=[seed])[0][0]  # prefilled, not from the state
         assert got.token_ids == alone.token_ids and got.finish_reason == alone.finish_reason
         assert torch.allclose(torch.tensor(got.logprobs), torch.tensor(alone.logprobs), atol=1e-5)
     with pytest.raises(ValueError, match="a row seed for every request or for none"):

@@ -68,8 +68,9 @@ def test_a_step_with_few_rows_per_prompt_or_short_prompts_stays_on_sdpa():
     shared.step(torch.ones(32, 5))
     assert not shared.active
     shared.prompt_mask[:] = True
-    shared.keys = [torch.zeros(2, 3, 128, 8, dtype=torch.bfloat16)]  # a bf16 cache: the cascade computes in
-    shared.step(torch.ones(32, 5))  # float32 (the test below), with the same thresholds
+    shared.keys = [torch.zeros(2, 3, 128, 8)]  # a bf16 cache's prompts, kept in float32: the cascade computes in
+    shared.half = True  # float32 (the test below), with the same thresholds on the CPU
+    shared.step(torch.ones(32, 5))
     assert shared.active
 
 
@@ -87,7 +88,7 @@ def test_over_a_bf16_cache_the_cascade_attends_in_float32(monkeypatch):
     prompt_k, prompt_v = (torch.randn(2, kv, width, dim).bfloat16() for _ in range(2))
     shared = SharedPrompts(n=n)
     shared.add([(prompt_k, prompt_v)], torch.ones(2, width), shift=0, end=width)
-    assert shared.keys[0].dtype == torch.float32
+    assert shared.half and shared.keys[0].dtype == torch.float32
     own = torch.randn(2 * n, kv, 3, dim).bfloat16()  # 2 generated tokens and this step's, per row
     keys = torch.cat([prompt_k.repeat_interleave(n, 0), own], 2)
     values = torch.cat([prompt_v.repeat_interleave(n, 0), torch.randn(2 * n, kv, 3, dim).bfloat16()], 2)

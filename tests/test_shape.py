@@ -335,6 +335,22 @@ def test_chains_that_keep_states_do_not_wait_for_the_longest_proposal(stopping_t
     assert len(drawn) >= 30 and busiest - 6 <= streamed < lockstep, (streamed, lockstep, busiest)
 
 
+def test_streamed_chains_report_each_step_once_and_equal_chains_shaped_alone(stopping_tiny):
+    """Streamed chains call `on_step(s)` once per step, in order, when every chain has finished step s (the
+    stage's progress and its mid-shaping fault point), and the chains shaped together make the same decisions
+    and end in the same traces as each chain shaped alone."""
+    b = stopping_tiny
+    together, *_ = _setup(b, 6, lambda ids: True)
+    steps_seen = []
+    shape_traces(b, together, steps=5, variant="mh", max_new_tokens=LIMIT, on_step=steps_seen.append)
+    assert steps_seen == [0, 1, 2, 3, 4]
+    alone, *_ = _setup(b, 6, lambda ids: True)
+    shape_traces(b, alone, steps=5, variant="mh", max_new_tokens=LIMIT, batched=False)
+    assert sum(t.accepted for t in together) >= 2
+    assert [t.decisions for t in together] == [t.decisions for t in alone]
+    assert [t.ids for t in together] == [t.ids for t in alone]
+
+
 def test_chains_keep_states_only_within_the_kv_budget(stopping_tiny, monkeypatch, caplog):
     """The chains' states are kept where they fit in the backend's KV budget; beyond it the prompts are
     computed afresh each step, and the log says why. The scripted policy never keeps them (its script proposes)."""
