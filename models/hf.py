@@ -298,11 +298,13 @@ class TransformersBackend:
         seeds: list[int] = []
         ids: list[list[int]] = []
 
+        keyed = bool(requests) and requests[0][2] is not None  # row seeds given (all requests) or none
+
         def add(new: list[tuple[SeqState, int, int | None]]) -> int:
             check_cuts([st for st, _, _ in new], [cut for _, cut, _ in new])
             if any(cut < 1 for _, cut, _ in new):
                 raise ValueError("stream_from_states: every prompt needs at least one token of its state")
-            if any((seed is None) != (seeds_given is None) for _, _, seed in new):
+            if any((seed is not None) != keyed for _, _, seed in new):
                 raise ValueError("stream_from_states: give a row seed for every request or for none")
             for st, cut, seed in new:
                 states.append(st)
@@ -311,7 +313,6 @@ class TransformersBackend:
                 ids.append(st.ids[:cut])
             return len(new)
 
-        seeds_given = requests[0][2] if requests else None
         add(requests)
 
         def prefill(batch: list[int]) -> DecodeBatch:
@@ -325,7 +326,7 @@ class TransformersBackend:
                 states[i] = None
             return b
 
-        out = self._generate(ids, 1, sampling, None, seeds if seeds_given is not None else None, prefill=prefill,
+        out = self._generate(ids, 1, sampling, None, seeds if keyed else None, prefill=prefill,
                              more=lambda done: add(on_done(done)))[0]
         return [g[0] for g in out]
 

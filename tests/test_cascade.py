@@ -101,7 +101,7 @@ def test_over_a_bf16_cache_the_cascade_attends_in_float32(monkeypatch):
     with torch.autocast("cpu", dtype=torch.bfloat16):  # as the decoder's steps run
         out = shared.attend(0, q, keys, values, dim ** -0.5)
         cast = decode_attention.attend(q, keys, values, None, dim ** -0.5)
-    inner = shared._attend(0, q.float(), keys, values, dim ** -0.5)  # its float32 result, before the cast back
+    inner = shared.attend(0, q.float(), keys, values, dim ** -0.5)  # a float32 query: the float32 result
     assert out.dtype == torch.bfloat16 and inner.dtype == torch.float32
     assert (inner - ref).abs().max() < 1e-5
     assert torch.allclose(out.float(), cast.float(), atol=1e-2, rtol=0)
