@@ -1,10 +1,12 @@
 """The `refinery` commands that start work through Prefect: run, ingest, eval, rescore, report, serve.
 
 Prefect is imported lazily, after `prepare_prefect` has pointed its home inside the store, so that it never
-scatters state into ~ and commands that need no flow start fast. What can be checked before Prefect starts is
-(a run's whole config, an ingest source's name and file), so a typo costs no server start; such an error is a
-`CliError`, printed by flows/cli.py as one line plus its hint. Prefect's console log is silenced unless -v is
-given: its ERROR records carry the same traceback again (its API log handler still feeds the UI).
+scatters state into ~ and commands that need no flow start fast. What can be checked before a flow starts is
+(a run's whole config, an ingest source's name and file); such an error is a `CliError`, printed by flows/cli.py
+as one line plus its hint. `run` starts Prefect's server as it begins, while it imports and checks its config
+(flows/early_server.py); a typo stops that server at once and removes the Prefect home the command made.
+Prefect's console log is silenced unless -v is given: its ERROR records carry the same traceback again (its API
+log handler still feeds the UI).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import sys
 from pathlib import Path
 
+from flows.early_server import start_early
 from flows.prefect_home import prefect_home, seed_database
 from flows.run_summary import print_summary
 
@@ -122,16 +126,7 @@ def cmd_import(a: argparse.Namespace) -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from flows.config import load_config, placed
-    from flows.preflight import validate_for_run
-
-    config = load_config(a.config, a.set, run_id=a.run_id, rounds=a.rounds, store=a.store)  # fails before any work
-    # run id (named in the hint below) and store filled in first: the flow validates the very same config,
-    # so its own check is free
-    config = placed(config)
-    validate_for_run(config)  # sources, models, teacher, backend: still before Prefect starts
-    prepare_prefect(a.store, a.verbose)
-    from flows.curriculum import curriculum
+    config, curriculum = prepared_run(a)
     try:
         out = curriculum(config)
     except Exception as e:
@@ -141,6 +136,44 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise
     print_summary(out)
     return 0
+
+
+def prepared_run(a: argparse.Namespace, early_server: bool = True):
+    """`run`'s checked config and its flow, with Prefect's server up: started as a child process as the command
+    begins (`early_server`, flows/early_server.py), so it starts on the other core while this process imports
+    and checks the config. A bad config stops that server and removes the Prefect home made for it."""
+    made = _first_missing(prefect_home(a.store))
+    prepare_prefect(a.store, a.verbose)
+    early = start_early() if early_server else None
+    try:
+        from flows.config import load_config, placed
+        from flows.preflight import validate_for_run
+
+        config = load_config(a.config, a.set, run_id=a.run_id, rounds=a.rounds, store=a.store)
+        # run id (named in the hint below) and store filled in first: the flow validates the very same config,
+        # so its own check is free
+        config = placed(config)
+        validate_for_run(config)  # sources, models, teacher, backend: before any flow starts
+        from flows.curriculum import curriculum
+    except BaseException:
+        if early is not None:
+            early.cancel()
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+    if early is not None:
+        early.ready()
+    return config, curriculum
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (what creating it would make), or None."""
+    missing = None
+    for p in (path, *path.parents):
+        if p.exists():
+            return missing
+        missing = p
+    return missing
 
 
 def _marked_failed(store_uri: str, run_id: str) -> bool:

@@ -24,7 +24,8 @@ QUICK = {
     "first_step.py": (["--store", "tests/data/golden/scripted", "--run-id", "scripted", "--model", "tiny-random",
                        "--repeats", "1"], {"train_first_step_speedup", "first_step_on_s", "first_step_off_s"}),
     "prefect_start.py": (["--repeats", "1"], {"prefect_seeded_speedup", "prefect_first_run_new_s",
-                                               "prefect_first_run_seeded_s"}),
+                                               "prefect_first_run_seeded_s", "run_start_at_flow_s",
+                                               "run_start_early_s", "run_start_saved_s"}),
     "shape.py": (["--model", "tiny-random", "--traces", "2", "--steps", "1", "--max-new-tokens", "8", "--seeds", "2"],
                  {"shape_batched_s", "shape_batched_speedup", "shape_decisions_agree", "shape_decisions"}),
 }

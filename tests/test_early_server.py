@@ -1,0 +1,161 @@
+"""`refinery run` starts Prefect's temporary server as it begins (flows/early_server.py): the flow's client takes
+that very server, a server Prefect's settings do not want or that failed is stopped and Prefect starts its own
+as before, a command that fails before its flow leaves neither a server nor a Prefect home behind, and nothing
+starts where the environment names a server.
+
+The server cases run in child interpreters with their own new PREFECT_HOME, so that the session's Prefect API
+(tests/conftest.py) is neither used nor disturbed; each checks its children before its exit handlers run.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from test_cli_errors import assert_one_line_error, refinery
+
+from flows.early_server import start_early
+
+SERVER_APP = "prefect.server.api.server:create_app"
+
+
+def servers_of(home: Path) -> list[int]:
+    """PIDs of live Prefect server processes whose PREFECT_HOME is `home`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
+        except OSError:
+            continue
+        if SERVER_APP.encode() in cmdline and f"PREFECT_HOME={home}".encode() in environ and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def child_env(home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "REFINERY_"))}
+    return env | {"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                  "PREFECT_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"}
+
+
+CHILDREN = """
+import os
+from pathlib import Path
+
+def children():
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()
+        except OSError:
+            continue
+        if int(stat[1]) == os.getpid() and stat[0] != "Z":
+            out.append(int(pid))
+    return out
+"""
+
+
+def run_child(script: str, home: Path, *args: str) -> str:
+    home.mkdir(parents=True, exist_ok=True)
+    p = subprocess.run([sys.executable, "-c", CHILDREN + textwrap.dedent(script), *args], cwd=home.parent,
+                       env=child_env(home), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert servers_of(home) == []  # stopped when the command ended
+    return p.stdout
+
+
+def test_the_flow_runs_on_the_server_started_early(tmp_path):
+    out = run_child("""
+        from flows.prefect_home import seed_database
+        seed_database(Path(os.environ["PREFECT_HOME"]))
+        from flows.early_server import start_early
+        early = start_early()
+        assert early is not None and children() == [early.process.pid]
+        assert early.ready()
+        from prefect.server.api.server import SubprocessASGIServer
+        assert SubprocessASGIServer().server_process is early.process
+        from prefect import flow
+        @flow(name="noop")
+        def noop():
+            return 41 + 1
+        assert noop() == 42
+        assert SubprocessASGIServer().server_process is early.process
+        assert children() == [early.process.pid]  # the flow's client started no server of its own
+        print("ok")
+    """, tmp_path / "home")
+    assert "ok" in out
+
+
+def test_cancel_stops_the_server_at_once(tmp_path):
+    for wait in ("0", "4"):  # before the child could answer, and once uvicorn handles SIGTERM (it then waits)
+        out = run_child("""
+            import sys, time
+            from flows.early_server import start_early
+            early = start_early()
+            time.sleep(float(sys.argv[1]))
+            t = time.monotonic()
+            early.cancel()
+            took = time.monotonic() - t
+            assert children() == [], children()
+            assert took < 3, took
+            print(f"cancelled in {took:.2f} s")
+        """, tmp_path / f"home-{wait}", wait)
+        assert "cancelled in" in out
+
+
+def test_a_server_the_settings_do_not_want_or_that_failed_is_dropped_for_prefects_own(tmp_path):
+    """A profile (not the environment) names a server: the early child is stopped unused. A child that died:
+    stopped, and the flow runs on the server Prefect starts itself, as without the early start."""
+    home = tmp_path / "profile"
+    home.mkdir()
+    (home / "profiles.toml").write_text('active = "elsewhere"\n[profiles.elsewhere]\n'
+                                        'PREFECT_API_URL = "http://127.0.0.1:9/api"\n')
+    out = run_child("""
+        from flows.early_server import start_early
+        early = start_early()
+        assert early is not None  # the environment names no server
+        assert not early.ready()
+        assert early.process.poll() is not None and children() == []
+        print("unused")
+    """, home)
+    assert "unused" in out
+    out = run_child("""
+        from flows.prefect_home import seed_database
+        seed_database(Path(os.environ["PREFECT_HOME"]))
+        from flows.early_server import start_early
+        early = start_early()
+        early.process.kill()
+        assert not early.ready()
+        from prefect import flow
+        @flow(name="noop")
+        def noop():
+            return 41 + 1
+        assert noop() == 42
+        from prefect.server.api.server import SubprocessASGIServer
+        own = SubprocessASGIServer().server_process
+        assert own is not None and own is not early.process and children() == [own.pid]
+        print("fell back")
+    """, tmp_path / "died")
+    assert "fell back" in out
+
+
+def test_a_bad_config_leaves_no_server_and_no_new_store(tmp_path):
+    store = tmp_path / "new-store"
+    home = store / ".prefect"  # where a new store's home goes; named here, since the session has its own
+    t = time.monotonic()
+    p = refinery("run", "--store", str(store), "--set", "rollout.group_size=-3", cwd=tmp_path,
+                 env={"PREFECT_HOME": str(home)})
+    assert_one_line_error(p, "group_size")
+    assert not store.exists(), sorted(str(x) for x in store.rglob("*"))  # the Prefect home it made is gone too
+    assert servers_of(home.resolve()) == []
+    assert time.monotonic() - t < 120
+
+
+def test_nothing_starts_early_where_an_api_url_is_set(prefect_api, monkeypatch):
+    assert start_early() is None  # the session's harness names its server in the settings, not the environment
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
+    assert start_early() is None
