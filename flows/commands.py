@@ -12,6 +12,8 @@ log handler still feeds the UI).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import os
 import re
 import shutil
@@ -128,7 +130,8 @@ def cmd_import(a: argparse.Namespace) -> int:
 def cmd_run(a: argparse.Namespace) -> int:
     config, curriculum = prepared_run(a)
     try:
-        out = curriculum(config)
+        with stage_lines():
+            out = curriculum(config)
     except Exception as e:
         if getattr(e, "hint", None) is None and _marked_failed(config.store, config.run_id):
             e.hint = (f"run {config.run_id} is marked failed (runs.reason says why); the same command with "
@@ -136,6 +139,25 @@ def cmd_run(a: argparse.Namespace) -> int:
         raise
     print_summary(out)
     return 0
+
+
+@contextlib.contextmanager
+def stage_lines():
+    """Print the flow's line per finished stage (flows/curriculum.py `progress`) on stdout while the block runs:
+    the progress of a run whose Prefect console log is off."""
+    progress = logging.getLogger("refinery.progress")
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    level, propagate = progress.level, progress.propagate
+    progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    progress.propagate = False  # not again through the root logger's handlers
+    try:
+        yield
+    finally:
+        progress.removeHandler(handler)
+        progress.setLevel(level)
+        progress.propagate = propagate
 
 
 def prepared_run(a: argparse.Namespace, early_server: bool = True):

@@ -46,6 +46,8 @@ from tasks.stage import RoundContext
 from tasks.train import train_task
 
 log = logging.getLogger(__name__)
+# one line per finished stage: `refinery run` prints it (Prefect's own console log is off there without -v)
+progress = logging.getLogger("refinery.progress")
 
 # Fields (dotted paths) a resumed run may change: none changes what already landed or makes it wrong. The
 # teacher and how it is reached (timeouts, retries, concurrency) only decide how later stages ask it, and
@@ -131,23 +133,23 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                                rounds=config.rounds, model=config.model.model_copy(update={"policy": spec}),
                                scale=config.scale)
             heldout = config.eval.heldout_fraction if config.eval.enabled else 0.0
-            stages.append(pool_task(ctx, config.pool, heldout, config.eval.seed))
+            finished(stages, pool_task(ctx, config.pool, heldout, config.eval.seed))
             selecting = config.select.selector != "all"
             if selecting:
-                stages.append(select_task(ctx, config.select, config.rollout.include_reserve))
-            stages.append(collect_task(ctx, config.rollout, config.reward, config.select, selecting))
-            stages.append(score_task(ctx, config.utility))
+                finished(stages, select_task(ctx, config.select, config.rollout.include_reserve))
+            finished(stages, collect_task(ctx, config.rollout, config.reward, config.select, selecting))
+            finished(stages, score_task(ctx, config.utility))
             if config.refine.strategies and r + 1 < config.rounds:  # children of the last round would never run
-                stages.append(refine_task(ctx, config.refine))
+                finished(stages, refine_task(ctx, config.refine))
             if config.shape.enabled:
-                stages.append(shape_task(ctx, config.shape, config.rollout, config.reward, config.refine))
+                finished(stages, shape_task(ctx, config.shape, config.rollout, config.reward, config.refine))
             if config.train.enabled:
-                stages.append(train_task(ctx, config.train, config.rollout))
+                finished(stages, train_task(ctx, config.train, config.rollout))
             if config.eval.enabled:
                 new = policy_for_round(store, config.run_id, r + 1, base)
                 versions = ([(0, base)] if r == 0 and new[0] != 0 else []) + [new]
-                stages.append(evaluate_task(ctx, versions, config.eval, config.rollout, config.reward))
-            stages.append(report_task(store.uri, config.run_id, r))
+                finished(stages, evaluate_task(ctx, versions, config.eval, config.rollout, config.reward))
+            finished(stages, report_task(store.uri, config.run_id, r))
             publish_round_artifacts(store, config.run_id, r, stages[first:])
     except BaseException as e:
         mark(store, config.run_id, "failed", config.model_dump(mode="json"), reason=failure_reason(e))
@@ -155,6 +157,16 @@ def _rounds(config: RunConfig, store: Store) -> dict:
     mark(store, config.run_id, "completed", config.model_dump(mode="json"), reason=budget)
     return {"run_id": config.run_id, "store": store.uri, "started_as": status, "stages": stages,
             "seconds": time.perf_counter() - t0, **({"stopped": budget} if budget else {})}
+
+
+def finished(stages: list[dict], summary: dict) -> None:
+    """Keep a stage's summary and say on `progress` that it finished (or had landed before this run)."""
+    stages.append(summary)
+    where = f"round {summary.get('round')}: {summary.get('stage')}"
+    if summary.get("skipped"):
+        progress.info("%s had landed already", where)
+    else:
+        progress.info("%s done in %.1f s", where, (summary.get("timing") or {}).get("compute_s") or 0.0)
 
 
 def generated_tokens(store: Store, run_id: str, before_round: int) -> int:

@@ -250,7 +250,9 @@ def test_a_refused_config_lands_nothing_and_a_failed_run_records_its_reason(pref
     monkeypatch.setattr(curriculum_module, "collect_task", collect_fails)
     assert main(["run", "--store", str(store), "--run-id", "fixme", "--rounds", "1",
                  *sum((["--set", s] for s in TINY), [])]) == 1
-    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith(("refinery:", "hint:"))]
+    printed = capsys.readouterr()
+    assert re.search(r"^round 0: pool done in \d+\.\d s$", printed.out, re.M), printed.out  # a line per stage
+    err = [ln for ln in printed.err.splitlines() if ln.startswith(("refinery:", "hint:"))]
     assert err == ["refinery: error: RuntimeError: collect broke; second line",
                    "hint: run fixme is marked failed (runs.reason says why); the same command with --run-id fixme "
                    "resumes it at the first stage that has not landed"]
@@ -261,6 +263,9 @@ def test_a_refused_config_lands_nothing_and_a_failed_run_records_its_reason(pref
     assert main(["run", "--store", str(store), "--run-id", "fixme", "--rounds", "1",
                  *sum((["--set", s] for s in TINY), [])]) == 0
     assert [r["status"] for r in sql(Store(store), runs).to_pylist()] == ["running", "failed", "resumed", "completed"]
+    printed = capsys.readouterr().out
+    assert "round 0: pool had landed already" in printed.splitlines()
+    assert re.search(r"^round 0: collect done in \d+\.\d s$", printed, re.M), printed
 
 
 def test_sources_are_not_rechecked_once_the_runs_pool_landed(tmp_path, monkeypatch):
