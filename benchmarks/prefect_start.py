@@ -10,7 +10,7 @@ timed: it is made once per machine and Prefect version).
 A second comparison times `refinery run`'s start, from the command's first line to its first flow run (a no-op
 flow in place of the curriculum): `flows.commands.prepared_run` (import and check the default config, import
 the flow) with Prefect's server started at the first flow call, as before flows/early_server.py (the baseline),
-against started in a thread as the command begins. Each is a child interpreter with a new, seeded home; the
+against started as a child process as the command begins. Each is a child interpreter with a new, seeded home; the
 arms alternate their order repeat by repeat.
 
     python benchmarks/prefect_start.py [--repeats 3] [--json PATH]

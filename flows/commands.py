@@ -4,7 +4,7 @@ Prefect is imported lazily, after `prepare_prefect` has pointed its home inside 
 scatters state into ~ and commands that need no flow start fast. What can be checked before a flow starts is
 (a run's whole config, an ingest source's name and file); such an error is a `CliError`, printed by flows/cli.py
 as one line plus its hint. `run` starts Prefect's server as it begins, while it imports and checks its config
-(flows/early_server.py); a typo stops that server at once and removes the Prefect home the command made.
+(flows/early_server.py); a typo kills that server at once and undoes the Prefect home the command made.
 Prefect's console log is silenced unless -v is given: its ERROR records carry the same traceback again (its API
 log handler still feeds the UI).
 """
@@ -16,12 +16,19 @@ import contextlib
 import logging
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
 from flows.early_server import start_early
-from flows.prefect_home import prefect_home, seed_database
+from flows.prefect_home import (
+    DATABASE,
+    file_identity,
+    missing_folders,
+    prefect_home,
+    remove_made,
+    seed_database,
+    seeding_is_cheap,
+)
 from flows.run_summary import print_summary
 
 
@@ -35,13 +42,16 @@ class CliError(ValueError):
         self.hint = hint
 
 
-def prepare_prefect(store_uri: str, verbose: bool, console: bool = False, server: bool = True) -> None:
+def prepare_prefect(store_uri: str, verbose: bool, console: bool = False, server: bool = True,
+                    make_home: bool = True) -> None:
     """Keep Prefect's home and database in a folder the user can see, and its console logs quiet (unless
     `verbose`, or `console` for a command whose job is to show them). `server`: the command runs a flow or
-    a server, so a fresh home gets the migrated empty database (flows/prefect_home.py seed_database)."""
+    a server, so a fresh home gets the migrated empty database (flows/prefect_home.py seed_database).
+    `make_home` false: only the settings, for a Prefect imported before the home is made (called again then)."""
     os.environ["PREFECT_HOME"] = str(prefect_home(store_uri))
-    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-    if server:
+    if make_home:
+        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    if server and make_home:
         seed_database(Path(os.environ["PREFECT_HOME"]))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
@@ -161,11 +171,16 @@ def stage_lines():
 
 
 def prepared_run(a: argparse.Namespace, early_server: bool = True):
-    """`run`'s checked config and its flow, with Prefect's server up: started as a child process as the command
-    begins (`early_server`, flows/early_server.py), so it starts on the other core while this process imports
-    and checks the config. A bad config stops that server and removes the Prefect home made for it."""
-    made = _first_missing(prefect_home(a.store))
-    prepare_prefect(a.store, a.verbose)
+    """`run`'s checked config and its flow, with Prefect's server up. With `early_server` the server starts as a
+    child process as the command begins (flows/early_server.py), on the other core while this process imports
+    and checks the config; a bad config then kills it and undoes the Prefect home made for it (only what this
+    command wrote). Where seeding the home would first migrate Prefect's empty database for this machine (its
+    first run, about 15 s), the config is checked before anything is made, as without the early start."""
+    home = prefect_home(a.store)
+    early_server = early_server and seeding_is_cheap(home)
+    made = missing_folders(home) if early_server else []
+    prepare_prefect(a.store, a.verbose, make_home=early_server)  # before Prefect's import: its settings
+    seeded = file_identity(home / DATABASE) if made else None
     early = start_early() if early_server else None
     try:
         from flows.config import load_config, placed
@@ -180,22 +195,13 @@ def prepared_run(a: argparse.Namespace, early_server: bool = True):
     except BaseException:
         if early is not None:
             early.cancel()
-        if made is not None:
-            shutil.rmtree(made, ignore_errors=True)
+        remove_made(made, home / DATABASE, seeded)
         raise
     if early is not None:
         early.ready()
+    else:
+        prepare_prefect(a.store, a.verbose)
     return config, curriculum
-
-
-def _first_missing(path: Path) -> Path | None:
-    """The outermost folder of `path` that does not exist yet (what creating it would make), or None."""
-    missing = None
-    for p in (path, *path.parents):
-        if p.exists():
-            return missing
-        missing = p
-    return missing
 
 
 def _marked_failed(store_uri: str, run_id: str) -> bool:

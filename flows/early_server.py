@@ -18,16 +18,22 @@ Choices:
   known only once Prefect is imported, so the child starts unless the environment names one, and `ready()`
   stops it unused if the settings do. If the child failed (its port was taken meanwhile, it exited, it never
   answered), `ready()` stops it and Prefect starts its own, as it always did;
-- the port is one the OS hands out free (a bind to port 0), as Prefect picks a free one;
-- the child is stopped when this process exits, by an exit handler registered before any of Prefect's (so it
-  runs after them, once Prefect has flushed its events and logs), and at once by `cancel()` when the command
-  fails before its flow: a bad config's error line is not held back by the server's start.
+- the port is one the OS hands out free (a bind to port 0; Prefect draws from 8000-8999 and retries). uvicorn
+  binds it only once the app has loaded, so another process could take it meanwhile: the server is adopted only
+  if, once it answers, the process listening on the port is this child (psutil); else Prefect starts its own;
+- the child is stopped when this process exits, by an `atexit` handler: Prefect flushes its events and logs in
+  `threading`'s exit hooks, which run before any `atexit` handler, so they reach the server first. It is killed
+  at once by `cancel()` when the command fails before its flow (and by `ready()` when unused): a server that
+  served nothing has nothing to finish, and a SIGTERM would wait for its startup (5 s measured). On Linux it
+  also dies with this process (PR_SET_PDEATHSIG), so a killed command leaves no server behind;
+- a second `refinery run` in one process (tests) starts nothing where Prefect's server runs already.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import http.client
 import importlib.util
 import logging
 import os
@@ -45,7 +51,7 @@ log = logging.getLogger("refinery.prefect")
 
 # what Prefect's SubprocessASGIServer sets for its child: the UI off, the server marked ephemeral
 SERVER_ENV = {"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
-STARTUP_TIMEOUT = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"  # Prefect's own wait, honoured here too
+STARTUP_TIMEOUT_VAR = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"  # Prefect's own wait, honoured here too
 
 
 def free_port() -> int:
@@ -87,7 +93,7 @@ class EarlyServer:
         server = SubprocessASGIServer()
         if server.running:
             return self._unused("Prefect runs its own server already")
-        problem = self._wait()
+        problem = self._wait() or self._not_listening()
         if problem:
             return self._unused(problem)
         server.port, server.server_process, server.running = self.port, self.process, True
@@ -102,6 +108,7 @@ class EarlyServer:
             self.process.wait()
 
     def stop(self) -> None:
+        """Stop the server as Prefect stops its own: SIGTERM, then SIGKILL after 5 s."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -112,7 +119,8 @@ class EarlyServer:
 
     def _wait(self) -> str | None:
         """None once the server answers /health, else why it will not."""
-        deadline = time.monotonic() + float(os.environ.get(STARTUP_TIMEOUT) or 180)
+        wait_s = float(os.environ.get(STARTUP_TIMEOUT_VAR) or 180)
+        deadline = time.monotonic() + wait_s
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # a local server: never a proxy
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -121,25 +129,53 @@ class EarlyServer:
                 with opener.open(f"{self.api_url}/health", timeout=2) as response:
                     if response.status == 200:
                         return None
-            except (urllib.error.URLError, OSError):
+            except (urllib.error.URLError, OSError, http.client.HTTPException):
                 pass
             time.sleep(0.1)
-        return f"the server did not answer within {STARTUP_TIMEOUT}"
+        return f"the server did not answer within {wait_s:g} s ({STARTUP_TIMEOUT_VAR})"
+
+    def _not_listening(self) -> str | None:
+        """None if this child is the process listening on its port (not another that took the port first)."""
+        import psutil
+
+        try:
+            listening = any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == self.port
+                            for c in psutil.Process(self.process.pid).net_connections(kind="tcp"))
+        except psutil.Error as e:
+            return f"its listening socket could not be checked: {e}"
+        return None if listening else f"port {self.port} answers from another process"
 
     def _unused(self, why: str) -> bool:
         log.info("Prefect's server started early is not used: %s", why)
-        self.stop()
+        self.cancel()
         return False
+
+
+def prefect_server_running() -> bool:
+    """Has this process's Prefect started (or adopted) its temporary server already?"""
+    if "prefect.server.api.server" not in sys.modules:
+        return False
+    from prefect.server.api.server import SubprocessASGIServer
+
+    return SubprocessASGIServer().running
+
+
+def die_with_parent() -> None:
+    """In the child, before it runs uvicorn: SIGKILL it when its parent dies (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)
 
 
 def start_early() -> EarlyServer | None:
     """Start Prefect's temporary server in a child process, unless an API URL is set (environment, or the
     settings of a Prefect imported already); None where it was not started."""
-    if os.environ.get("PREFECT_API_URL") or api_url_in_settings():
+    if os.environ.get("PREFECT_API_URL") or api_url_in_settings() or prefect_server_running():
         return None
     port = free_port()
     try:
-        process = subprocess.Popen(server_command(port), env={**os.environ, **SERVER_ENV})
+        process = subprocess.Popen(server_command(port), env={**os.environ, **SERVER_ENV},
+                                   preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
     except (OSError, RuntimeError) as e:
         log.info("Prefect's server was not started early: %s", e)
         return None

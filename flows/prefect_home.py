@@ -134,3 +134,48 @@ def seed_database(home: Path, cache: Path | None = None) -> str:
         log.warning("Prefect's database is migrated in place instead of copied: %s", e)
         return f"skipped: {e}"
     return f"seeded from {template}"
+
+
+def seeding_is_cheap(home: Path) -> bool:
+    """Would `seed_database(home)` be a file copy at most (the home has a database, or this machine's migrated
+    copy exists), not Prefect's migrations run once for the machine (about 15 s)?"""
+    if (home / DATABASE).exists():
+        return True
+    try:
+        schema_version(migrated_template())
+    except ValueError:
+        return False
+    return True
+
+
+def missing_folders(path: Path) -> list[Path]:
+    """The folders that making `path` would create, innermost first (empty if it exists)."""
+    missing = []
+    for p in (path, *path.parents):
+        if p.exists():
+            break
+        missing.append(p)
+    return missing
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a file, or None if there is none: which file a name held at one moment."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def remove_made(made: list[Path], database: Path, seeded: tuple[int, int] | None) -> None:
+    """Undo a home this command made and seeded, touching nothing anyone else wrote: the database only if it is
+    still the file seeded (`seeded`, from `file_identity`), with SQLite's side files; then each folder of `made`
+    (innermost first) only while it is empty."""
+    if seeded is not None and file_identity(database) == seeded:
+        for name in (database.name, f"{database.name}-wal", f"{database.name}-shm", f"{database.name}-journal"):
+            (database.parent / name).unlink(missing_ok=True)
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else lives there now
+            break

@@ -107,7 +107,7 @@ def test_refinery_run_rejects_a_bad_config_before_any_work(tmp_path, capsys):
     assert main(["run", "--store", str(store), "--set", "rollout.group_size=1", "--set", "select.selector=magic"]) == 1
     err = capsys.readouterr().err
     assert "rollout.group_size: Input should be greater than or equal to 2" in err and "select.selector" in err
-    assert not store.exists()  # nothing was started: no store, no Prefect home
+    assert not store.exists()  # nothing left: no store, no Prefect home (an early server was killed)
 
 
 def test_every_field_has_a_description():

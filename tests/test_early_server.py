@@ -11,14 +11,16 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
+import pytest
 from test_cli_errors import assert_one_line_error, refinery
 
 from flows.early_server import start_early
 
 SERVER_APP = "prefect.server.api.server:create_app"
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 
 
 def servers_of(home: Path) -> list[int]:
@@ -85,6 +87,7 @@ def test_the_flow_runs_on_the_server_started_early(tmp_path):
         assert noop() == 42
         assert SubprocessASGIServer().server_process is early.process
         assert children() == [early.process.pid]  # the flow's client started no server of its own
+        assert start_early() is None  # a second run in this process: Prefect's server runs already
         print("ok")
     """, tmp_path / "home")
     assert "ok" in out
@@ -107,6 +110,7 @@ def test_cancel_stops_the_server_at_once(tmp_path):
         assert "cancelled in" in out
 
 
+@pytest.mark.slow  # two child runs; make test-slow
 def test_a_server_the_settings_do_not_want_or_that_failed_is_dropped_for_prefects_own(tmp_path):
     """A profile (not the environment) names a server: the early child is stopped unused. A child that died:
     stopped, and the flow runs on the server Prefect starts itself, as without the early start."""
@@ -143,16 +147,65 @@ def test_a_server_the_settings_do_not_want_or_that_failed_is_dropped_for_prefect
     assert "fell back" in out
 
 
-def test_a_bad_config_leaves_no_server_and_no_new_store(tmp_path):
-    store = tmp_path / "new-store"
-    home = store / ".prefect"  # where a new store's home goes; named here, since the session has its own
-    t = time.monotonic()
-    p = refinery("run", "--store", str(store), "--set", "rollout.group_size=-3", cwd=tmp_path,
-                 env={"PREFECT_HOME": str(home)})
+BAD_CONFIG = """
+import argparse, sys
+import flows.commands as commands
+import flows.early_server as early_server
+
+store, mode = Path(sys.argv[1]), sys.argv[2]
+started = []
+
+def spy():
+    early = early_server.start_early()
+    started.append(early)
+    if mode == "foreign":  # someone else writes into the home this command made
+        (store / ".prefect" / "theirs.txt").write_text("keep")
+    return early
+
+commands.start_early = spy
+a = argparse.Namespace(store=str(store), verbose=False, config=None, set=["rollout.group_size=-3"], run_id="x",
+                       rounds=None)
+try:
+    commands.prepared_run(a)
+except ValueError as e:
+    assert "group_size" in str(e), e
+else:
+    raise AssertionError("the bad config was taken")
+assert started and started[0] is not None, "no server was started early"
+assert started[0].process.poll() is not None and children() == []
+print("refused")
+"""
+
+
+def refuse(store: Path, mode: str) -> None:
+    """`prepared_run` with a bad config on `store`, its Prefect home in the store (no PREFECT_HOME)."""
+    env = {k: v for k, v in child_env(store / ".prefect").items() if k != "PREFECT_HOME"}
+    p = subprocess.run([sys.executable, "-c", CHILDREN + BAD_CONFIG, str(store), mode], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "refused" in p.stdout, p.stderr[-3000:]
+    assert servers_of((store / ".prefect").resolve()) == []
+
+
+def test_a_bad_config_kills_the_server_and_undoes_only_what_it_made(tmp_path):
+    """A new store: the server started early is killed and the store folder made for its home is gone. An
+    existing store with data but no Prefect home: the data stays, the home goes. A file someone else put into
+    the made home meanwhile: it stays, with its folders; only the seeded database goes."""
+    refuse(tmp_path / "new", "new")
+    assert not (tmp_path / "new").exists()
+    existing = tmp_path / "existing"
+    (existing / "prompts").mkdir(parents=True)
+    (existing / "prompts" / "part.parquet").write_bytes(b"data")
+    refuse(existing, "existing")
+    assert (existing / "prompts" / "part.parquet").read_bytes() == b"data" and not (existing / ".prefect").exists()
+    refuse(tmp_path / "foreign", "foreign")
+    assert sorted(p.name for p in (tmp_path / "foreign" / ".prefect").iterdir()) == ["theirs.txt"]
+
+
+def test_a_bad_config_is_one_line_from_the_command(tmp_path):
+    p = refinery("run", "--store", str(tmp_path / "new-store"), "--set", "rollout.group_size=-3", cwd=tmp_path,
+                 env={"PREFECT_HOME": str(tmp_path / "new-store" / ".prefect")})
     assert_one_line_error(p, "group_size")
-    assert not store.exists(), sorted(str(x) for x in store.rglob("*"))  # the Prefect home it made is gone too
-    assert servers_of(home.resolve()) == []
-    assert time.monotonic() - t < 120
+    assert not (tmp_path / "new-store").exists()
 
 
 def test_nothing_starts_early_where_an_api_url_is_set(prefect_api, monkeypatch):
