@@ -171,15 +171,18 @@ except ValueError as e:
     assert "group_size" in str(e), e
 else:
     raise AssertionError("the bad config was taken")
-assert started and started[0] is not None, "no server was started early"
-assert started[0].process.poll() is not None and children() == []
+if mode == "first":  # Prefect's database not yet migrated for this machine: the config first, nothing early
+    assert started == [] and children() == [] and not store.exists()
+else:
+    assert started and started[0] is not None, "no server was started early"
+    assert started[0].process.poll() is not None and children() == []
 print("refused")
 """
 
 
-def refuse(store: Path, mode: str) -> None:
+def refuse(store: Path, mode: str, **extra_env: str) -> None:
     """`prepared_run` with a bad config on `store`, its Prefect home in the store (no PREFECT_HOME)."""
-    env = {k: v for k, v in child_env(store / ".prefect").items() if k != "PREFECT_HOME"}
+    env = {k: v for k, v in child_env(store / ".prefect").items() if k != "PREFECT_HOME"} | extra_env
     p = subprocess.run([sys.executable, "-c", CHILDREN + BAD_CONFIG, str(store), mode], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0 and "refused" in p.stdout, p.stderr[-3000:]
@@ -189,7 +192,8 @@ def refuse(store: Path, mode: str) -> None:
 def test_a_bad_config_kills_the_server_and_undoes_only_what_it_made(tmp_path):
     """A new store: the server started early is killed and the store folder made for its home is gone. An
     existing store with data but no Prefect home: the data stays, the home goes. A file someone else put into
-    the made home meanwhile: it stays, with its folders; only the seeded database goes."""
+    the made home meanwhile: it stays, with its folders; only the seeded database goes. A machine's first run
+    (no migrated database to copy): nothing starts early and nothing is made."""
     refuse(tmp_path / "new", "new")
     assert not (tmp_path / "new").exists()
     existing = tmp_path / "existing"
@@ -199,6 +203,9 @@ def test_a_bad_config_kills_the_server_and_undoes_only_what_it_made(tmp_path):
     assert (existing / "prompts" / "part.parquet").read_bytes() == b"data" and not (existing / ".prefect").exists()
     refuse(tmp_path / "foreign", "foreign")
     assert sorted(p.name for p in (tmp_path / "foreign" / ".prefect").iterdir()) == ["theirs.txt"]
+    (tmp_path / "cache").mkdir()  # a machine whose cache has no migrated database yet
+    refuse(tmp_path / "first", "first", REFINERY_CACHE=str(tmp_path / "cache"))
+    assert not (tmp_path / "first").exists() and not any((tmp_path / "cache").iterdir())
 
 
 def test_a_bad_config_is_one_line_from_the_command(tmp_path):
