@@ -152,60 +152,57 @@ import argparse, sys
 import flows.commands as commands
 import flows.early_server as early_server
 
-store, mode = Path(sys.argv[1]), sys.argv[2]
-started = []
+for store, mode in zip(map(Path, sys.argv[1::2]), sys.argv[2::2]):  # one interpreter: the imports once
+    started = []
+    os.environ.pop("PREFECT_HOME", None)  # the last case's prepare_prefect set it; each store has its own home
 
-def spy():
-    early = early_server.start_early()
-    started.append(early)
-    if mode == "foreign":  # someone else writes into the home this command made
-        (store / ".prefect" / "theirs.txt").write_text("keep")
-    return early
+    def spy():
+        early = early_server.start_early()
+        started.append(early)
+        if mode == "foreign":  # someone else writes into the home this command made
+            (store / ".prefect" / "theirs.txt").write_text("keep")
+        return early
 
-commands.start_early = spy
-a = argparse.Namespace(store=str(store), verbose=False, config=None, set=["rollout.group_size=-3"], run_id="x",
-                       rounds=None)
-try:
-    commands.prepared_run(a)
-except ValueError as e:
-    assert "group_size" in str(e), e
-else:
-    raise AssertionError("the bad config was taken")
-if mode == "first":  # Prefect's database not yet migrated for this machine: the config first, nothing early
-    assert started == [] and children() == [] and not store.exists()
-else:
-    assert started and started[0] is not None, "no server was started early"
-    assert started[0].process.poll() is not None and children() == []
-print("refused")
+    commands.start_early = spy
+    if mode == "first":  # a machine whose cache has no migrated Prefect database yet
+        os.environ["REFINERY_CACHE"] = str(store.parent / "empty-cache")
+    a = argparse.Namespace(store=str(store), verbose=False, config=None, set=["rollout.group_size=-3"],
+                           run_id="x", rounds=None)
+    try:
+        commands.prepared_run(a)
+    except ValueError as e:
+        assert "group_size" in str(e), e
+    else:
+        raise AssertionError("the bad config was taken")
+    if mode == "first":  # the config is checked first: nothing starts early, nothing is made
+        assert started == [] and children() == [] and not store.exists()
+    else:
+        assert started and started[0] is not None, f"{mode}: no server was started early"
+        assert started[0].process.poll() is not None and children() == []
+    print("refused", mode)
 """
 
 
-def refuse(store: Path, mode: str, **extra_env: str) -> None:
-    """`prepared_run` with a bad config on `store`, its Prefect home in the store (no PREFECT_HOME)."""
-    env = {k: v for k, v in child_env(store / ".prefect").items() if k != "PREFECT_HOME"} | extra_env
-    p = subprocess.run([sys.executable, "-c", CHILDREN + BAD_CONFIG, str(store), mode], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0 and "refused" in p.stdout, p.stderr[-3000:]
-    assert servers_of((store / ".prefect").resolve()) == []
-
-
 def test_a_bad_config_kills_the_server_and_undoes_only_what_it_made(tmp_path):
-    """A new store: the server started early is killed and the store folder made for its home is gone. An
-    existing store with data but no Prefect home: the data stays, the home goes. A file someone else put into
-    the made home meanwhile: it stays, with its folders; only the seeded database goes. A machine's first run
-    (no migrated database to copy): nothing starts early and nothing is made."""
-    refuse(tmp_path / "new", "new")
-    assert not (tmp_path / "new").exists()
+    """`prepared_run` with a bad config, the Prefect home in the store (no PREFECT_HOME). A new store: the
+    server started early is killed and the store folder made for its home is gone. An existing store with data
+    but no Prefect home: the data stays, the home goes. A file someone else put into the made home meanwhile:
+    it stays, with its folders; only the seeded database goes. A machine's first run (no migrated database to
+    copy): nothing starts early and nothing is made."""
     existing = tmp_path / "existing"
     (existing / "prompts").mkdir(parents=True)
     (existing / "prompts" / "part.parquet").write_bytes(b"data")
-    refuse(existing, "existing")
+    (tmp_path / "empty-cache").mkdir()
+    cases = {"new": tmp_path / "new", "existing": existing, "foreign": tmp_path / "foreign", "first": tmp_path / "first"}
+    env = {k: v for k, v in child_env(tmp_path).items() if k != "PREFECT_HOME"}
+    p = subprocess.run([sys.executable, "-c", CHILDREN + BAD_CONFIG, *sum(([str(v), k] for k, v in cases.items()), [])],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.split().count("refused") == 4, p.stderr[-3000:]
+    assert all(servers_of((store / ".prefect").resolve()) == [] for store in cases.values())
+    assert not (tmp_path / "new").exists()
     assert (existing / "prompts" / "part.parquet").read_bytes() == b"data" and not (existing / ".prefect").exists()
-    refuse(tmp_path / "foreign", "foreign")
     assert sorted(p.name for p in (tmp_path / "foreign" / ".prefect").iterdir()) == ["theirs.txt"]
-    (tmp_path / "cache").mkdir()  # a machine whose cache has no migrated database yet
-    refuse(tmp_path / "first", "first", REFINERY_CACHE=str(tmp_path / "cache"))
-    assert not (tmp_path / "first").exists() and not any((tmp_path / "cache").iterdir())
+    assert not (tmp_path / "first").exists() and not any((tmp_path / "empty-cache").iterdir())
 
 
 def test_a_bad_config_is_one_line_from_the_command(tmp_path):
