@@ -7,12 +7,14 @@ The server cases run in child interpreters with their own new PREFECT_HOME, so t
 (tests/conftest.py) is neither used nor disturbed; each checks its children before its exit handlers run.
 """
 
+import contextlib
 import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import psutil
 import pytest
 from test_cli_errors import assert_one_line_error, refinery
 
@@ -20,21 +22,16 @@ from flows.early_server import start_early
 
 SERVER_APP = "prefect.server.api.server:create_app"
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 
 
 def servers_of(home: Path) -> list[int]:
     """PIDs of live Prefect server processes whose PREFECT_HOME is `home`."""
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-        except OSError:
-            continue
-        if SERVER_APP.encode() in cmdline and f"PREFECT_HOME={home}".encode() in environ and state != "Z":
-            found.append(int(pid))
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if (p.status() != psutil.STATUS_ZOMBIE and SERVER_APP in p.cmdline()
+                    and p.environ().get("PREFECT_HOME") == str(home)):
+                found.append(p.pid)
     return found
 
 
@@ -45,18 +42,16 @@ def child_env(home: Path) -> dict:
 
 
 CHILDREN = """
-import os
+import contextlib, os
 from pathlib import Path
+import psutil
 
 def children():
     out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].split()
-        except OSError:
-            continue
-        if int(stat[1]) == os.getpid() and stat[0] != "Z":
-            out.append(int(pid))
+    for c in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if c.status() != psutil.STATUS_ZOMBIE:
+                out.append(c.pid)
     return out
 """
 
