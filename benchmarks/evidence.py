@@ -210,7 +210,7 @@ def _main(a: argparse.Namespace) -> int:
     groups = arm_groups(a.seeds, a.ablation_seeds, a.confirm)
     planned = [r for arms, seeds in groups for r in plan(arms, seeds, PREFIX, a.set, {})]
     if a.run:
-        from flows.commands import prepare_prefect
+        from flows.prefect_setup import prepare_prefect
 
         prepare_prefect(a.store, verbose=False)
         for arms, seeds in groups:

@@ -8,10 +8,11 @@ flows/read_commands.py (sql, catalog, lineage); flows/run_summary.py prints the 
 
 Errors: every failure prints one line, `refinery: error: <what, naming the input>`, plus at most one
 `hint: ...` line, and exits 1 (2 for a bad command line); the traceback only with --debug or
-REFINERY_DEBUG=1. What can be checked before a flow starts is (the store, a run's whole config, an ingest
-source's name and file); `run` starts Prefect's server meanwhile and kills it on such an error
-(flows/early_server.py), other commands start none. Prefect's console log is silenced unless -v is
-given: its ERROR records carry the same traceback again (its API log handler still feeds the UI).
+REFINERY_DEBUG=1. What can be checked before a flow starts is (the store, a run's or a comparison's whole
+config, an ingest source's name and file, the run and checkpoint of an eval or a rescore); the commands that
+run flows start Prefect's server meanwhile and kill it on such an error (flows/prefect_setup.py), the others
+start none. Prefect's console log is silenced unless -v is given: its ERROR records carry the same traceback
+again (its API log handler still feeds the UI).
 """
 
 from __future__ import annotations

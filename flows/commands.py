@@ -1,34 +1,24 @@
-"""The `refinery` commands that start work through Prefect: run, ingest, eval, rescore, report, serve.
+"""The `refinery` commands that start work through Prefect: run, compare, ingest, eval, rescore, report, serve.
 
-Prefect is imported lazily, after `prepare_prefect` has pointed its home inside the store, so that it never
-scatters state into ~ and commands that need no flow start fast. What can be checked before a flow starts is
-(a run's whole config, an ingest source's name and file); such an error is a `CliError`, printed by flows/cli.py
-as one line plus its hint. `run` starts Prefect's server as it begins, while it imports and checks its config
-(flows/early_server.py); a typo kills that server at once and undoes the Prefect home the command made.
-Prefect's console log is silenced unless -v is given: its ERROR records carry the same traceback again (its API
-log handler still feeds the UI).
-"""
+Prefect is imported lazily, after `prepare_prefect` (flows/prefect_setup.py) has pointed its home inside the
+store, so that it never scatters state into ~ and commands that need no flow start fast. What can be checked before a flow starts is
+(a run's or a comparison's whole config, an ingest source's name and file, the run and checkpoint an eval or a
+rescore names); such an error is a one-line error, printed by flows/cli.py with its hint. The commands that
+run flows start Prefect's server as they begin, while they import and check their input (`early_prefect`); a refused input kills that server at once and undoes the Prefect home the command made.
+Prefect's console log and transformers' load bars are off unless -v is given: Prefect's ERROR records carry
+the same traceback again (its API log handler still feeds the UI); `run` and `compare` print a line per
+finished stage instead."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import logging
-import os
 import re
 import sys
 from pathlib import Path
 
-from flows.early_server import start_early
-from flows.prefect_home import (
-    DATABASE,
-    file_identity,
-    missing_folders,
-    prefect_home,
-    remove_made,
-    seed_database,
-    seeding_is_cheap,
-)
+from flows.prefect_setup import early_prefect, prepare_prefect
 from flows.run_summary import print_summary
 
 
@@ -40,32 +30,6 @@ class CliError(ValueError):
     def __init__(self, message: str, hint: str | None = None):
         super().__init__(message)
         self.hint = hint
-
-
-def prepare_prefect(store_uri: str, verbose: bool, console: bool = False, server: bool = True,
-                    make_home: bool = True) -> None:
-    """Keep Prefect's home and database in a folder the user can see, and its console logs quiet (unless
-    `verbose`, or `console` for a command whose job is to show them). `server`: the command runs a flow or
-    a server, so a fresh home gets the migrated empty database (flows/prefect_home.py seed_database).
-    `make_home` false: only the settings, for a Prefect imported before the home is made (called again then)."""
-    os.environ["PREFECT_HOME"] = str(prefect_home(store_uri))
-    if make_home:
-        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
-    if server and make_home:
-        seed_database(Path(os.environ["PREFECT_HOME"]))
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
-    if not (verbose or console):
-        # Prefect logs a failing task or flow at ERROR with its whole traceback (and again per state change);
-        # the CLI prints the reason as one line instead. The API handler still sends every record to the UI.
-        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
-    # the ephemeral server's startup wait is set in flows/__init__.py: Prefect may be imported before this runs
-    if not verbose:
-        # The ephemeral Prefect server cancels its SQLite connections at interpreter exit, and SQLAlchemy logs
-        # that as an ERROR with a traceback after a successful run; it is shutdown noise, not a failure.
-        import logging
-
-        logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
 
 
 def _params(pairs: list[str]) -> dict[str, str]:
@@ -107,8 +71,8 @@ def _has_text(path: Path, chunk: int = 1 << 16) -> bool:
 
 def cmd_ingest(a: argparse.Namespace) -> int:
     _check_ingest_source(a.source, _params(a.param))
-    prepare_prefect(a.store, a.verbose)
-    from flows.ingest import ingest
+    with early_prefect(a.store, a.verbose):
+        from flows.ingest import ingest
 
     summary = ingest(a.source, size=a.size, seed=a.seed, params=_params(a.param), skip_invalid=a.skip_invalid,
                      source_name=a.source_name, store=a.store)
@@ -171,18 +135,8 @@ def stage_lines():
 
 
 def prepared_run(a: argparse.Namespace, early_server: bool = True):
-    """`run`'s checked config and its flow, with Prefect's server up. With `early_server` the server starts as a
-    child process as the command begins (flows/early_server.py), on the other core while this process imports
-    and checks the config; a bad config then kills it and undoes the Prefect home made for it (only what this
-    command wrote). Where seeding the home would first migrate Prefect's empty database for this machine (its
-    first run, about 15 s), the config is checked before anything is made, as without the early start."""
-    home = prefect_home(a.store)
-    early_server = early_server and seeding_is_cheap(home)
-    made = missing_folders(home) if early_server else []
-    prepare_prefect(a.store, a.verbose, make_home=early_server)  # before Prefect's import: its settings
-    seeded = file_identity(home / DATABASE) if made else None
-    early = start_early() if early_server else None
-    try:
+    """`run`'s checked config and its flow, with Prefect's server up (started early: `early_prefect`)."""
+    with early_prefect(a.store, a.verbose, early_server):
         from flows.config import load_config, placed
         from flows.preflight import validate_for_run
 
@@ -192,15 +146,6 @@ def prepared_run(a: argparse.Namespace, early_server: bool = True):
         config = placed(config)
         validate_for_run(config)  # sources, models, teacher, backend: before any flow starts
         from flows.curriculum import curriculum
-    except BaseException:
-        if early is not None:
-            early.cancel()
-        remove_made(made, home / DATABASE, seeded)
-        raise
-    if early is not None:
-        early.ready()
-    else:
-        prepare_prefect(a.store, a.verbose)
     return config, curriculum
 
 
@@ -217,9 +162,11 @@ def _marked_failed(store_uri: str, run_id: str) -> bool:
 
 
 def cmd_eval(a: argparse.Namespace) -> int:
-    prepare_prefect(a.store, a.verbose)
-    from flows.evaluate import evaluate
+    with early_prefect(a.store, a.verbose):
+        from flows.evaluate import eval_target, evaluate
+        from storage.store import Store
 
+        eval_target(Store(a.store), a.run_id, a.checkpoint, a.dataset, a.dataset_name)  # refused before the flow
     out = evaluate(run_id=a.run_id, checkpoint=a.checkpoint, store=a.store, dataset=a.dataset,
                    dataset_name=a.dataset_name)
     for e in out["evals"]:
@@ -240,23 +187,25 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from flows.compare import ARMS, compare
-
     extra: dict[str, list[str]] = {}
     for item in a.arm:
         name, sep, override = item.partition(":")
         if not sep or not name or "=" not in override:
             raise CliError(f"--arm {item!r}: expected NAME:section.key=value")
-        extra.setdefault(name, list(ARMS.get(name, []))).append(override)
-    shared = list(a.set)
-    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
-    prepare_prefect(a.store, a.verbose)
+        extra.setdefault(name, []).append(override)
+    with early_prefect(a.store, a.verbose):
+        from flows.compare import ARMS, prepare_comparison, run_comparison
+
+        extra = {name: [*ARMS.get(name, []), *overrides] for name, overrides in extra.items()}
+        arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+        comparison = prepare_comparison(arms, a.seeds, a.prefix, list(a.set), extra, a.rounds, a.store, a.config,
+                                        datasets=a.dataset)
 
     def started(r) -> None:
         print(f"compare: {r.run_id} (arm {r.arm}, seed {r.seed})", flush=True)
 
-    out = compare(arms, a.seeds, a.prefix, shared, extra, a.rounds, a.store, a.config, on_run=started,
-                  datasets=a.dataset)
+    with stage_lines():
+        out = run_comparison(comparison, on_run=started)
     for run in out:
         res = run["result"]
         print(f"compare: {run['planned'].run_id} " + ("already complete" if res.get("skipped") else
@@ -272,9 +221,12 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 
 def cmd_rescore(a: argparse.Namespace) -> int:
-    prepare_prefect(a.store, a.verbose)
-    from flows.rescore import rescore
+    with early_prefect(a.store, a.verbose):
+        from flows.rescore import NothingToRescore, rescore, rescore_target
+        from storage.store import Store
 
+        with contextlib.suppress(NothingToRescore):  # a no-op, not an error: the flow reports it
+            rescore_target(Store(a.store), a.run_id)  # refused before the flow
     out = rescore(run_id=a.run_id, store=a.store)
     if "skipped" in out:
         print(f"rescore: {out['skipped']}")

@@ -64,42 +64,68 @@ def plan(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dic
             for s in range(seeds) for a in arms]
 
 
-def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dict[str, list[str]],
-            rounds: int | None, store: str | None, config_path: str | None = None, on_run=None,
-            datasets: list[str] = ()) -> list[dict]:
-    """Run (or resume) every planned run; returns one summary per run (its plan and its flow result).
-    Each prompt file in `datasets` (an external set, flows/evaluate.py) scores every run's last checkpoint
-    once it finishes, and the first run's base model (version 0, the same in every run)."""
+@dataclass(frozen=True)
+class Comparison:
+    """A comparison's planned runs, each with its checked config, and the prompt files to score them on."""
+
+    runs: list[Planned]
+    configs: list
+    datasets: list[str]
+
+
+def prepare_comparison(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dict[str, list[str]],
+                       rounds: int | None, store: str | None, config_path: str | None = None,
+                       datasets: list[str] = ()) -> Comparison:
+    """Plan the runs and check every config and every prompt file in `datasets` (an external set,
+    flows/evaluate.py) before the first run starts: a bad one is refused now, not after hours of runs. Nothing
+    runs or lands here (`refinery compare` calls it while Prefect's server starts)."""
     from flows.config import load_config
-    from flows.curriculum import curriculum
     from flows.preflight import validate_for_run
 
     runs = plan(arms, seeds, prefix, shared, extra)
     configs = [load_config(config_path, sets=r.sets, run_id=r.run_id, rounds=rounds, store=store) for r in runs]
-    for c in configs:  # every config checked before the first run starts
+    for c in configs:
         validate_for_run(c)
     if datasets:
-        from flows.evaluate import dataset_prompts, evaluate, refuse_other_file
+        from flows.evaluate import dataset_prompts, refuse_other_file
         from storage.store import Store
 
         names = {}
-        for path in datasets:  # a bad file is refused before the first run, not after hours of them
+        for path in datasets:
             name, _, frame, _ = dataset_prompts(path, None)
             if name in names:
                 raise ValueError(f"--dataset {path} and {names[name]} share the name {name!r}: rename one file")
             names[name] = path
             refuse_other_file(Store(configs[0].store), [r.run_id for r in runs], name, set(frame["prompt_id"]),
                               "rename the file or use another --prefix")
+    return Comparison(runs, configs, list(datasets))
+
+
+def run_comparison(comparison: Comparison, on_run=None) -> list[dict]:
+    """Run (or resume) every planned run; returns one summary per run (its plan and its flow result). Each
+    prompt file scores every run's last checkpoint once it finishes, and the first run's base model (version 0,
+    the same in every run)."""
+    from flows.curriculum import curriculum
+    from flows.evaluate import evaluate
+
     out = []
-    for i, (r, c) in enumerate(zip(runs, configs)):
+    for i, (r, c) in enumerate(zip(comparison.runs, comparison.configs)):
         if on_run:
             on_run(r)
         result = already_complete(c) or curriculum(c)
-        for path in datasets:
+        for path in comparison.datasets:
             for version in ([0] if i == 0 else []) + [None]:
                 evaluate(run_id=r.run_id, checkpoint=version, store=c.store, dataset=path)
         out.append({"planned": r, "result": result})
     return out
+
+
+def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dict[str, list[str]],
+            rounds: int | None, store: str | None, config_path: str | None = None, on_run=None,
+            datasets: list[str] = ()) -> list[dict]:
+    """`prepare_comparison`, then `run_comparison`."""
+    return run_comparison(prepare_comparison(arms, seeds, prefix, shared, extra, rounds, store, config_path,
+                                             datasets), on_run)
 
 
 def already_complete(config) -> dict | None:

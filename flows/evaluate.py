@@ -16,11 +16,17 @@ instead of being mixed in.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import polars as pl
 from prefect import flow
 
 from storage.query import scan
 from storage.store import Store, default_root
+
+if TYPE_CHECKING:
+    from flows.config import RunConfig
 
 
 def made_by(config: dict) -> str | None:
@@ -101,16 +107,29 @@ def refuse_other_file(s: Store, run_ids: list[str], name: str, ids: set[str], hi
             raise ValueError(f"run {run_id} already has results for a different file named {name!r}; {hint}")
 
 
-@flow(name="evaluate", validate_parameters=True)
-def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: str | None = None,
-             dataset: str | None = None, dataset_name: str | None = None) -> dict:
-    """Evaluate checkpoint `checkpoint` (a policy_version; default the newest) of run `run_id` (default the
-    newest run `refinery run` made) on the run's held-out split, or on the prompt file `dataset` (split `dataset:<name>`)."""
-    from storage.checkpoints import checkpoint_versions
-    from tasks.evaluate import evaluate_versions
-    from tasks.stage import RoundContext, skipped
+@dataclass(frozen=True)
+class EvalTarget:
+    """What `evaluate` will evaluate, checked: the run, its config, the checkpoint's row (policy_version,
+    round, path), the stage and split, and a dataset's prompts and rows (None for the held-out split)."""
 
-    s = Store(store or default_root())
+    run_id: str
+    config: RunConfig
+    checkpoint: dict
+    stage: str
+    split: str
+    prompts: pl.DataFrame | None
+    rows: list | None
+
+
+def eval_target(s: Store, run_id: str | None, checkpoint: int | None, dataset: str | None,
+                dataset_name: str | None) -> EvalTarget:
+    """The evaluate flow's input checked against the store, nothing landed: the run (default the newest
+    `refinery run` run), the checkpoint (default its newest), the prompts (the held-out split, which must not
+    be empty, or a valid file whose name has no other file's results in the run). Each refusal is a
+    one-line ValueError. `refinery eval` calls it before Prefect's server is up, the flow again (a UI run)."""
+    from storage.checkpoints import checkpoint_versions
+    from tasks.evaluate import heldout_prompts
+
     run_id = run_id or latest_run(s)
     config = run_config(s, run_id, "evaluate")
     known = checkpoint_versions(s, run_id)
@@ -122,15 +141,33 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
     if row.height == 0:
         raise ValueError(f"run {run_id} has no checkpoint {checkpoint}; it has "
                          f"{', '.join(map(str, known['policy_version'].to_list()))}")
-    r = row.row(0, named=True)
-    stage, split, prompts = f"eval-v{checkpoint}", "heldout", None
-    if dataset is not None:
+    if dataset is None:
+        if heldout_prompts(s, run_id).height == 0:
+            raise ValueError(f"run {run_id} has no held-out prompts (eval.heldout_fraction was 0, or the run "
+                             "predates held-out splits)")
+        return EvalTarget(run_id, config, row.row(0, named=True), f"eval-v{checkpoint}", "heldout", None, None)
+    name, content, prompts, rows = dataset_prompts(dataset, dataset_name)
+    refuse_other_file(s, [run_id], name, set(prompts["prompt_id"]), "pass another --dataset-name")
+    return EvalTarget(run_id, config, row.row(0, named=True), f"eval-v{checkpoint}-{name}-{content}",
+                      f"dataset:{name}", prompts, rows)
+
+
+@flow(name="evaluate", validate_parameters=True)
+def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: str | None = None,
+             dataset: str | None = None, dataset_name: str | None = None) -> dict:
+    """Evaluate checkpoint `checkpoint` (a policy_version; default the newest) of run `run_id` (default the
+    newest run `refinery run` made) on the run's held-out split, or on the prompt file `dataset` (split `dataset:<name>`)."""
+    from tasks.evaluate import evaluate_versions
+    from tasks.stage import RoundContext, skipped
+
+    s = Store(store or default_root())
+    target = eval_target(s, run_id, checkpoint, dataset, dataset_name)
+    run_id, config, r, stage, split = target.run_id, target.config, target.checkpoint, target.stage, target.split
+    checkpoint, prompts = r["policy_version"], target.prompts
+    if target.rows is not None:
         from tasks.ingest import commit_prompts
 
-        name, content, prompts, rows = dataset_prompts(dataset, dataset_name)
-        stage, split = f"eval-v{checkpoint}-{name}-{content}", f"dataset:{name}"
-        refuse_other_file(s, [run_id], name, set(prompts["prompt_id"]), "pass another --dataset-name")
-        commit_prompts(s, rows)  # only now: a refused file lands nothing
+        commit_prompts(s, target.rows)  # only now: a refused file lands nothing
     mine = (pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint)
     if s.landed(run_id, r["round"], stage):
         out = skipped(stage, r["round"])

@@ -43,18 +43,25 @@ from tasks.score import UtilityConfig
 RESCORE_SEED_OFFSET = 500_000  # rescore samples apart from every round's seeds (seed * 1000 + round)
 
 
+def check_rescorable(store: Store, run_id: str, under_lock: bool = True) -> None:
+    """Raise (one line) unless run `run_id` is in the store and completed. Without the run's lock
+    (`under_lock` false: a check before the flow) a `running` row passes: it may be a dead run, which taking
+    the lock marks failed, so only the check under the lock can name its status."""
+    rows = run_rows(store, run_id)
+    if rows.height == 0:
+        raise ValueError(f"run {run_id!r} is not in the store {store.uri}")
+    status = rows["status"][-1]
+    if status != "completed" and (under_lock or status != "running"):
+        raise ValueError(f"run {run_id} is {status}, not completed; resume it (refinery run --run-id {run_id}) "
+                         "before rescoring its reserve pool")
+
+
 def rescore(store: Store, run_id: str, model: ModelConfig, cfg: RolloutConfig, reward: RewardConfig,
             utility: UtilityConfig, scale: ScaleConfig | None = None) -> dict:
     """Rescore run `run_id`'s reserve prompts of its last round with its newest checkpoint (the run's own
     config sections: its model, rollout sampling, reward and EPS settings; `scale` shards the sampling over
     Ray workers, models/sharded.py)."""
-    rows = run_rows(store, run_id)
-    if rows.height == 0:
-        raise ValueError(f"run {run_id!r} is not in the store {store.uri}")
-    status = rows["status"][-1]
-    if status != "completed":
-        raise ValueError(f"run {run_id} is {status}, not completed; resume it (refinery run --run-id {run_id}) "
-                         "before rescoring its reserve pool")
+    check_rescorable(store, run_id)
     last = scan(store, "pool").filter(pl.col("run_id") == run_id).select(pl.col("round").max()).collect().item()
     version, path = newest_checkpoint(store, run_id, model.policy)
     if version:

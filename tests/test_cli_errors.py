@@ -22,7 +22,10 @@ REFINERY = Path(sys.executable).with_name("refinery")
 
 
 def refinery(*args: str, cwd: Path, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("REFINERY_", "PREFECT_API_URL"))}
+    # not what an in-process `main` of an earlier test left in os.environ (prepare_prefect's console settings)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("REFINERY_", "PREFECT_API_URL",
+                                                                      "PREFECT_LOGGING_HANDLERS_CONSOLE",
+                                                                      "HF_HUB_DISABLE_PROGRESS_BARS"))}
     cmd = [str(REFINERY)] if REFINERY.exists() else [sys.executable, "-m", "flows.cli"]
     return subprocess.run([*cmd, *args], cwd=cwd, env={**base, "HF_HUB_OFFLINE": "1", **(env or {})},
                           capture_output=True, text=True, timeout=timeout)

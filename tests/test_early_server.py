@@ -146,6 +146,7 @@ BAD_CONFIG = """
 import argparse, sys
 import flows.commands as commands
 import flows.early_server as early_server
+import flows.prefect_setup as prefect_setup
 
 for store, mode in zip(map(Path, sys.argv[1::2]), sys.argv[2::2]):  # one interpreter: the imports once
     started = []
@@ -158,7 +159,7 @@ for store, mode in zip(map(Path, sys.argv[1::2]), sys.argv[2::2]):  # one interp
             (store / ".prefect" / "theirs.txt").write_text("keep")
         return early
 
-    commands.start_early = spy
+    prefect_setup.start_early = spy
     if mode == "first":  # a machine whose cache has no migrated Prefect database yet
         os.environ["REFINERY_CACHE"] = str(store.parent / "empty-cache")
     a = argparse.Namespace(store=str(store), verbose=False, config=None, set=["rollout.group_size=-3"],
@@ -211,3 +212,26 @@ def test_nothing_starts_early_where_an_api_url_is_set(prefect_api, monkeypatch):
     assert start_early() is None  # the session's harness names its server in the settings, not the environment
     monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:9/api")
     assert start_early() is None
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["eval", "--run-id", "nope"], "run 'nope' is not in the store"),
+    (["eval"], "has no runs of `refinery run`"),
+    (["rescore", "--run-id", "nope"], "run 'nope' is not in the store"),
+    (["compare", "--arms", "uniform", "--set", "rollout.group_size=-3"], "group_size"),
+], ids=["eval-unknown-run", "eval-no-run", "rescore-unknown-run", "compare-bad-config"])
+def test_refused_input_of_other_commands_stops_before_any_flow(tmp_path, args, needle):
+    """eval, rescore and compare check their input while the early server starts (flows/commands.py
+    `early_prefect`): the refusal is one line, and the Prefect home made for that server is gone again, as only
+    a refusal before the flow leaves it (a flow that failed would have written its run into that home)."""
+    from storage.store import Store
+    from tasks.ingest import ingest_source
+
+    root = tmp_path / "store"
+    ingest_source(Store(root), "rg:products", size=3, seed=0, params={"max_digits": 1})
+    before = sorted(p.name for p in root.iterdir())
+    assert ".prefect" not in before
+    p = refinery(args[0], "--store", str(root), *args[1:], cwd=tmp_path, env={"PREFECT_HOME": str(root / ".prefect")})
+    assert_one_line_error(p, needle)
+    assert sorted(p.name for p in root.iterdir()) == before
+    assert servers_of((root / ".prefect").resolve()) == []

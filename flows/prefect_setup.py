@@ -1,0 +1,84 @@
+"""How a `refinery` command prepares Prefect before it runs a flow.
+
+- `prepare_prefect`: Prefect's home and database in a folder the user can see (the store's `.prefect`, or
+  $PREFECT_HOME), never scattered into ~; Prefect's console log and transformers' load bars off unless -v (the
+  CLI prints one line per error, and `run`/`compare` a line per finished stage). It must run before anything
+  imports Prefect, which reads its settings once, at import.
+- `early_prefect`: the same, plus Prefect's temporary server started as a child process while the command
+  imports its modules and checks its input (flows/early_server.py); a refused input kills it and undoes only
+  what the command made (flows/prefect_home.py `remove_made`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from flows.early_server import start_early
+from flows.prefect_home import (
+    DATABASE,
+    file_identity,
+    missing_folders,
+    prefect_home,
+    remove_made,
+    seed_database,
+    seeding_is_cheap,
+)
+
+
+def prepare_prefect(store_uri: str, verbose: bool, console: bool = False, server: bool = True,
+                    make_home: bool = True) -> None:
+    """Keep Prefect's home and database in a folder the user can see, and its console logs quiet (unless
+    `verbose`, or `console` for a command whose job is to show them). `server`: the command runs a flow or
+    a server, so a fresh home gets the migrated empty database (flows/prefect_home.py seed_database).
+    `make_home` false: only the settings, for a Prefect imported before the home is made (called again then)."""
+    os.environ["PREFECT_HOME"] = str(prefect_home(store_uri))
+    if make_home:
+        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    if server and make_home:
+        seed_database(Path(os.environ["PREFECT_HOME"]))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "INFO" if verbose else "WARNING")
+    if not (verbose or console):
+        # Prefect logs a failing task or flow at ERROR with its whole traceback (and again per state change);
+        # the CLI prints the reason as one line instead. The API handler still sends every record to the UI.
+        os.environ.setdefault("PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "CRITICAL")
+    # the ephemeral server's startup wait is set in flows/__init__.py: Prefect may be imported before this runs
+    if not verbose:
+        # transformers draws a "Loading weights" bar on stderr at every model load, a terminal or not; the
+        # stage lines are the run's progress
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        # The ephemeral Prefect server cancels its SQLite connections at interpreter exit, and SQLAlchemy logs
+        # that as an ERROR with a traceback after a successful run; it is shutdown noise, not a failure.
+        import logging
+
+        logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
+
+
+
+@contextlib.contextmanager
+def early_prefect(store: str, verbose: bool, early: bool = True):
+    """Prefect prepared for a command that runs flows (`prepare_prefect`), its server up once the block ends.
+    The block imports the command's modules and checks its input. With `early`, the server starts as a child
+    process as the block begins (flows/early_server.py), on the other core while the block runs; an error in
+    the block kills it and undoes the Prefect home made for it (only what this command wrote), so a refused
+    input leaves nothing behind. Where seeding the home would first migrate Prefect's empty database for this
+    machine (its first run, about 15 s), the block runs before anything is made, as without the early start."""
+    home = prefect_home(store)
+    early = early and seeding_is_cheap(home)
+    made = missing_folders(home) if early else []
+    prepare_prefect(store, verbose, make_home=early)  # before Prefect's import: its settings
+    seeded = file_identity(home / DATABASE) if made else None
+    server = start_early() if early else None
+    try:
+        yield
+    except BaseException:
+        if server is not None:
+            server.cancel()
+        remove_made(made, home / DATABASE, seeded)
+        raise
+    if server is not None:
+        server.ready()
+    else:
+        prepare_prefect(store, verbose)
