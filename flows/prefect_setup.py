@@ -68,8 +68,9 @@ def early_prefect(store: str, verbose: bool, early: bool = True):
     home = prefect_home(store)
     early = early and seeding_is_cheap(home)
     made = missing_folders(home) if early else []
+    had_database = (home / DATABASE).exists()  # a home may exist without one (made by `report` or `import`)
     prepare_prefect(store, verbose, make_home=early)  # before Prefect's import: its settings
-    seeded = file_identity(home / DATABASE) if made else None
+    seeded = file_identity(home / DATABASE) if early and not had_database else None
     server = start_early() if early else None
     try:
         yield

@@ -19,7 +19,7 @@ class NothingToRescore(ValueError):
 
 def rescore_target(s: Store, run_id: str | None):
     """(run id, its RunConfig) of the run to rescore (default the newest `refinery run` run), checked against
-    the store: made by `refinery run` and completed (or running: the lock decides), else a one-line
+    the store: made by `refinery run` and completed (or live: the lock decides), else a one-line
     ValueError; NothingToRescore where no run id was given and there is none. `refinery rescore` calls it
     before Prefect's server is up, the flow again."""
     from flows.evaluate import latest_run, run_config

@@ -29,7 +29,7 @@ from storage.checkpoints import newest_checkpoint
 from storage.query import scan
 from storage.rounds import prompts as prompt_table
 from storage.rounds import this_round
-from storage.runs import run_rows
+from storage.runs import LIVE, run_rows
 from storage.store import Store
 from tasks.core.eps import eps_scores
 from tasks.core.fewshot import fewshot_messages
@@ -45,13 +45,14 @@ RESCORE_SEED_OFFSET = 500_000  # rescore samples apart from every round's seeds 
 
 def check_rescorable(store: Store, run_id: str, under_lock: bool = True) -> None:
     """Raise (one line) unless run `run_id` is in the store and completed. Without the run's lock
-    (`under_lock` false: a check before the flow) a `running` row passes: it may be a dead run, which taking
-    the lock marks failed, so only the check under the lock can name its status."""
+    (`under_lock` false: a check before the flow) a live status (`running`, `resumed`) passes: the run may be
+    alive (taking the lock then says so) or dead (taking the lock marks it failed), so only the check under the
+    lock can name its status."""
     rows = run_rows(store, run_id)
     if rows.height == 0:
         raise ValueError(f"run {run_id!r} is not in the store {store.uri}")
     status = rows["status"][-1]
-    if status != "completed" and (under_lock or status != "running"):
+    if status != "completed" and (under_lock or status not in LIVE):
         raise ValueError(f"run {run_id} is {status}, not completed; resume it (refinery run --run-id {run_id}) "
                          "before rescoring its reserve pool")
 

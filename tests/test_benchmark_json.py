@@ -23,6 +23,8 @@ QUICK = {
                         {"decode_batch_speedup", "decode_batch_s", "baseline_decode_batch_s", "decode_batch_select_s"}),
     "first_step.py": (["--store", "tests/data/golden/scripted", "--run-id", "scripted", "--model", "tiny-random",
                        "--repeats", "1"], {"train_first_step_speedup", "first_step_on_s", "first_step_off_s"}),
+    "command_start.py": (["--repeats", "1"], {"eval_landed_s", "eval_unknown_s", "rescore_unknown_s",
+                                               "eval_landed_min_s", "rescore_unknown_max_s"}),
     "prefect_start.py": (["--repeats", "1"], {"prefect_seeded_speedup", "prefect_first_run_new_s",
                                                "prefect_first_run_seeded_s", "run_start_at_flow_s",
                                                "run_start_early_s", "run_start_saved_s"}),

@@ -214,24 +214,61 @@ def test_nothing_starts_early_where_an_api_url_is_set(prefect_api, monkeypatch):
     assert start_early() is None
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["eval", "--run-id", "nope"], "run 'nope' is not in the store"),
-    (["eval"], "has no runs of `refinery run`"),
-    (["rescore", "--run-id", "nope"], "run 'nope' is not in the store"),
-    (["compare", "--arms", "uniform", "--set", "rollout.group_size=-3"], "group_size"),
-], ids=["eval-unknown-run", "eval-no-run", "rescore-unknown-run", "compare-bad-config"])
-def test_refused_input_of_other_commands_stops_before_any_flow(tmp_path, args, needle):
-    """eval, rescore and compare check their input while the early server starts (flows/commands.py
-    `early_prefect`): the refusal is one line, and the Prefect home made for that server is gone again, as only
-    a refusal before the flow leaves it (a flow that failed would have written its run into that home)."""
+OTHER_COMMANDS = """
+import sys
+import flows.early_server as early_server
+import flows.prefect_setup as prefect_setup
+from flows.cli import main
+
+started = []
+
+def spy():
+    early = early_server.start_early()
+    started.append(early)
+    return early
+
+prefect_setup.start_early = spy
+for case in sys.argv[1:]:  # one interpreter: the imports once
+    store, *args = case.split("|")
+    started.clear()
+    os.environ.pop("PREFECT_HOME", None)  # each store has its own home, <store>/.prefect
+    assert main([args[0], "--store", store, *args[1:]]) == 1, case
+    assert started and started[0] is not None, f"{case}: no server was started early"
+    assert started[0].process.poll() is not None and children() == [], f"{case}: the server outlived the refusal"
+    print("refused", case, flush=True)
+"""
+
+
+def test_refused_input_of_other_commands_stops_before_any_flow(tmp_path):
+    """eval, rescore and compare check their input while the early server starts (flows/prefect_setup.py
+    `early_prefect`): the server was started, is killed by the refusal, and the refusal is one line per
+    command. The Prefect home and database made for the server are gone again, as only a refusal before the
+    flow leaves them (a flow that failed would have written its run into that database); a home folder that
+    existed without a database (made by `refinery report`) stays, without the database seeded into it."""
+    from flows.prefect_home import migrated_template, seed_database
     from storage.store import Store
     from tasks.ingest import ingest_source
 
-    root = tmp_path / "store"
-    ingest_source(Store(root), "rg:products", size=3, seed=0, params={"max_digits": 1})
-    before = sorted(p.name for p in root.iterdir())
-    assert ".prefect" not in before
-    p = refinery(args[0], "--store", str(root), *args[1:], cwd=tmp_path, env={"PREFECT_HOME": str(root / ".prefect")})
-    assert_one_line_error(p, needle)
-    assert sorted(p.name for p in root.iterdir()) == before
-    assert servers_of((root / ".prefect").resolve()) == []
+    seed_database(tmp_path / "warm")  # this machine's migrated copy exists: the early start applies
+    cache = migrated_template().parent
+    plain, with_home = tmp_path / "store", tmp_path / "with-home"
+    for root in (plain, with_home):
+        ingest_source(Store(root), "rg:products", size=3, seed=0, params={"max_digits": 1})
+    (with_home / ".prefect").mkdir()
+    before = {root: sorted(p.name for p in root.iterdir()) for root in (plain, with_home)}
+    cases = {f"{plain}|eval|--run-id|nope": "run 'nope' is not in the store",
+             f"{plain}|eval": "has no runs of `refinery run`",
+             f"{plain}|rescore|--run-id|nope": "run 'nope' is not in the store",
+             f"{plain}|compare|--arms|uniform|--set|rollout.group_size=-3": "group_size",
+             f"{with_home}|eval|--run-id|nope": "run 'nope' is not in the store"}
+    env = {k: v for k, v in child_env(tmp_path).items() if k != "PREFECT_HOME"} | {"REFINERY_CACHE": str(cache)}
+    p = subprocess.run([sys.executable, "-c", CHILDREN + OTHER_COMMANDS, *cases], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=300)
+    refused = [ln.split(" ", 1)[1] for ln in p.stdout.splitlines() if ln.startswith("refused ")]
+    assert p.returncode == 0 and refused == list(cases), (p.stdout, p.stderr[-3000:])
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("refinery: error: ")]
+    assert "Traceback" not in p.stderr and len(errors) == len(cases), p.stderr[-3000:]
+    assert all(needle in line for needle, line in zip(cases.values(), errors)), errors
+    assert {root: sorted(p.name for p in root.iterdir()) for root in (plain, with_home)} == before
+    assert list((with_home / ".prefect").iterdir()) == []
+    assert all(servers_of((root / ".prefect").resolve()) == [] for root in (plain, with_home))

@@ -84,3 +84,23 @@ def test_rescore_refuses_a_run_that_did_not_complete(prefect_api, store):
     assert code == 1 and "run half is failed, not completed; resume it" in err
     assert sql(store, "SELECT status FROM runs WHERE run_id = 'half' ORDER BY created_at"
                ).column("status").to_pylist() == ["running", "failed"]
+
+
+def test_a_live_run_is_left_to_the_lock_by_the_check_before_the_flow(store):
+    """Before the flow (no lock) a live status passes: the run may be alive or dead, and only taking its lock
+    tells (and marks a dead one failed). Under the lock the same status is refused. A resumed run's rows end
+    in `resumed`, which is live too."""
+    from storage.runs import mark
+    from tasks.rescore import check_rescorable
+
+    config = load_config(sets=SETS, run_id="again").model_dump(mode="json")
+    for _ in range(2):  # the second mark of a run is `resumed`
+        mark(store, "again", "running", config)
+    assert sql(store, "SELECT status FROM runs WHERE run_id = 'again' ORDER BY created_at"
+               ).column("status").to_pylist() == ["running", "resumed"]
+    check_rescorable(store, "again", under_lock=False)
+    with pytest.raises(ValueError, match="run again is resumed, not completed"):
+        check_rescorable(store, "again")
+    mark(store, "again", "failed", config)
+    with pytest.raises(ValueError, match="run again is failed, not completed"):
+        check_rescorable(store, "again", under_lock=False)
