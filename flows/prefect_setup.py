@@ -56,7 +56,6 @@ def prepare_prefect(store_uri: str, verbose: bool, console: bool = False, server
         logging.getLogger("sqlalchemy.pool").setLevel(logging.CRITICAL)
 
 
-
 @contextlib.contextmanager
 def early_prefect(store: str, verbose: bool, early: bool = True):
     """Prefect prepared for a command that runs flows (`prepare_prefect`), its server up once the block ends.
