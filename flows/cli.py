@@ -11,8 +11,8 @@ Errors: every failure prints one line, `refinery: error: <what, naming the input
 REFINERY_DEBUG=1. What can be checked before a flow starts is (the store, a run's or a comparison's whole
 config, an ingest source's name and file, the run of an eval or a rescore, an eval's checkpoint); the
 commands that run flows start Prefect's server meanwhile and kill it on such an error
-(flows/prefect_setup.py), the others start none. Prefect's console log is silenced unless -v is given: its ERROR records carry the same traceback
-again (its API log handler still feeds the UI).
+(flows/prefect_setup.py), the others start none. Prefect's console log is silenced unless -v is given: its
+ERROR records carry the same traceback again (its API log handler still feeds the UI).
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """The `refinery` commands that start work through Prefect: run, compare, ingest, eval, rescore, report, serve.
 
 Prefect is imported lazily, after `prepare_prefect` (flows/prefect_setup.py) has pointed its home inside the
-store, so that it never scatters state into ~ and commands that need no flow start fast. What can be checked before a flow starts is
-(a run's or a comparison's whole config, an ingest source's name and file, the run an eval or a rescore
-names and an eval's checkpoint); such an error is a one-line error, printed by flows/cli.py with its hint. The commands that
-run flows start Prefect's server as they begin, while they import and check their input (`early_prefect`); a refused input kills that server at once and undoes the Prefect home the command made.
-Prefect's console log and transformers' load bars are off unless -v is given: Prefect's ERROR records carry
-the same traceback again (its API log handler still feeds the UI); `run` and `compare` print a line per
-finished stage instead."""
+store, so that it never scatters state into ~ and commands that need no flow start fast. What can be checked
+before a flow starts is (a run's or a comparison's whole config, an ingest source's name and file, the run an
+eval or a rescore names and an eval's checkpoint); such an error is a one-line error, printed by flows/cli.py
+with its hint. The commands that run flows start Prefect's server as they begin, while they import and check
+their input (`early_prefect`); a refused input kills that server at once and undoes the Prefect home the
+command made. Prefect's console log and transformers' load bars are off unless -v is given: Prefect's ERROR
+records carry the same traceback again (its API log handler still feeds the UI); `run` and `compare` print a
+line per finished stage instead."""
 
 from __future__ import annotations
 

@@ -110,14 +110,15 @@ def refuse_other_file(s: Store, run_ids: list[str], name: str, ids: set[str], hi
 @dataclass(frozen=True)
 class EvalTarget:
     """What `evaluate` will evaluate, checked: the run, its config, the checkpoint's row (policy_version,
-    round, path), the stage and split, and a dataset's prompts and rows (None for the held-out split)."""
+    round, path), the stage and split, the prompts (the held-out split's or the dataset's), and a dataset's
+    source rows to land (None for the held-out split)."""
 
     run_id: str
     config: RunConfig
-    checkpoint: dict
+    checkpoint_row: dict
     stage: str
     split: str
-    prompts: pl.DataFrame | None
+    prompts: pl.DataFrame
     rows: list | None
 
 
@@ -142,10 +143,11 @@ def eval_target(s: Store, run_id: str | None, checkpoint: int | None, dataset: s
         raise ValueError(f"run {run_id} has no checkpoint {checkpoint}; it has "
                          f"{', '.join(map(str, known['policy_version'].to_list()))}")
     if dataset is None:
-        if heldout_prompts(s, run_id).height == 0:
+        heldout = heldout_prompts(s, run_id)
+        if heldout.height == 0:
             raise ValueError(f"run {run_id} has no held-out prompts (eval.heldout_fraction was 0, or the run "
                              "predates held-out splits)")
-        return EvalTarget(run_id, config, row.row(0, named=True), f"eval-v{checkpoint}", "heldout", None, None)
+        return EvalTarget(run_id, config, row.row(0, named=True), f"eval-v{checkpoint}", "heldout", heldout, None)
     name, content, prompts, rows = dataset_prompts(dataset, dataset_name)
     refuse_other_file(s, [run_id], name, set(prompts["prompt_id"]), "pass another --dataset-name")
     return EvalTarget(run_id, config, row.row(0, named=True), f"eval-v{checkpoint}-{name}-{content}",
@@ -162,7 +164,7 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
 
     s = Store(store or default_root())
     target = eval_target(s, run_id, checkpoint, dataset, dataset_name)
-    run_id, config, r, stage, split = target.run_id, target.config, target.checkpoint, target.stage, target.split
+    run_id, config, r, stage, split = target.run_id, target.config, target.checkpoint_row, target.stage, target.split
     checkpoint, prompts = r["policy_version"], target.prompts
     if target.rows is not None:
         from tasks.ingest import commit_prompts
