@@ -14,6 +14,7 @@ Then the decoder: `generate_ids` of `--rows` prompts of `--context` tokens, end-
 row decodes `--steps` tokens, timing each decode step's forward (one token per row). The four arms (both paths,
 attention only, packed only, neither) switch in the same loaded model and alternate `--repeats` times, so the
 machine's drift reaches every arm alike; each arm's figure is the median over its repeats of the median step.
+The decoder itself runs `both` on a CPU without AMX and `packed` with AMX (models/hf.py), as the run prints.
 The machine this runs on is shared: read the spread (min-max over repeats), not one run.
 
 Figures (--json, flat keys): attn_sdpa_us_rows<R>, attn_cast_us_rows<R>, linear_<out>x<in>_us_rows<R> and
@@ -93,7 +94,7 @@ def kernels(rows: list[int], context: int) -> dict[str, float]:
 
 
 def in_decoder(rows: list[int], context: int, steps: int, repeats: int) -> dict[str, float]:
-    from models import decode_attention, packed
+    from models import packed
     from models.backend import Sampling
     from models.registry import load_backend
 
@@ -110,9 +111,9 @@ def in_decoder(rows: list[int], context: int, steps: int, repeats: int) -> dict[
         return out
 
     b.model.forward = timed_forward
-    applies, max_rows = decode_attention.applies, packed.MAX_ROWS
-    arms = {"both": (applies, max_rows), "attention": (applies, 0), "packed": (lambda *a: False, max_rows),
-            "neither": (lambda *a: False, 0)}
+    chosen, max_rows = b.float32_decode_attention, packed.MAX_ROWS
+    print(f"this CPU's decoder runs the arm {'both' if chosen else 'packed'}", flush=True)
+    arms = {"both": (True, max_rows), "attention": (True, 0), "packed": (False, max_rows), "neither": (False, 0)}
     figures: dict[str, float] = {}
     try:
         for r in rows:
@@ -121,7 +122,7 @@ def in_decoder(rows: list[int], context: int, steps: int, repeats: int) -> dict[
             medians: dict[str, list[float]] = {a: [] for a in arms}
             for rep in range(repeats):
                 for arm in (list(arms) if rep % 2 == 0 else list(arms)[::-1]):
-                    decode_attention.applies, packed.MAX_ROWS = arms[arm]
+                    b.float32_decode_attention, packed.MAX_ROWS = arms[arm]
                     times.clear()
                     b.generate_ids(ids, 1, Sampling(1.0, 1.0, steps, rep))
                     medians[arm].append(statistics.median(times[2:]) * 1e3)
@@ -134,7 +135,7 @@ def in_decoder(rows: list[int], context: int, steps: int, repeats: int) -> dict[
                 f"{arm} {statistics.median(ms):.1f} ms ({min(ms):.0f}-{max(ms):.0f})" for arm, ms in medians.items())
                 + f"; {speedup:.2f}x over neither", flush=True)
     finally:
-        decode_attention.applies, packed.MAX_ROWS = applies, max_rows
+        b.float32_decode_attention, packed.MAX_ROWS = chosen, max_rows
     return figures
 
 

@@ -18,16 +18,18 @@ Choices:
 - rows are addressed by (group, slot): slot j is sample j of its prompt, so a group's queries form a [n, ...]
   block without gathering keys; rows that left leave a zero query in their slot (computed, never read back);
 - the SDPA entry of transformers' attention registry is wrapped once (`install`): a call that carries
-  `shared_prompts` (a decode step of one token per row) takes the cascade, a bf16 decode step the float32
-  attention of models/decode_attention.py, every other call (prefill, scoring, training, other models) goes
-  to SDPA unchanged;
+  `shared_prompts` (a decode step of one token per row) takes the cascade, a bf16 decode step that carries
+  `float32_decode_attention` the float32 attention of models/decode_attention.py, every other call (prefill,
+  scoring, training, other models) goes to SDPA unchanged;
 - the cascade computes in float32 for any cache: a half-precision (bf16) cache's prompts are cast to float32
   once, when they join (`add`), and each step casts only the rows' own columns; a bf16 product would round the
   scores to bf16 before the softmax. Its baseline there is models/decode_attention.py's float32 attention,
   which casts every row's whole copy at every step;
 - a step takes the cascade only where it pays (`step`, the MIN_* thresholds below, measured on 2 AVX2 cores
   for float32 caches, checked on 2 AVX512_BF16 cores for bf16 ones); a bf16 cache on a GPU stays on SDPA,
-  where the float32 cascade was never measured.
+  where the float32 cascade was never measured. On a CPU with AMX the bf16 decoder uses neither this nor
+  the float32 attention (models/hf.py: torch's SDPA over the bf16 cache runs on AMX's tiles and was faster
+  there than both).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from models import decode_attention
 from models.decoding import left_pad
 
 SHARED_KWARG = "shared_prompts"  # the keyword a decode step hands its SharedPrompts to the attention by
+FLOAT32_KWARG = "float32_decode_attention"  # the keyword (True) by which a decode step asks for decode_attention.py
 # A step takes the cascade only with at least this many rows, this many per prompt on average, and prompts of
 # this many tokens on average; else SDPA. With few rows left per prompt the cascade reads as much as SDPA and
 # runs more, smaller products (2 AVX2 cores, ~330-token prompts x 8 samples, a first version: 166 against
@@ -188,7 +191,7 @@ _installed = False
 
 def install() -> None:
     """Wrap transformers' SDPA attention once, so a call carrying `shared_prompts` takes the cascade, and a
-    bf16 decode step on the CPU takes models/decode_attention.py."""
+    bf16 decode step on the CPU that carries `float32_decode_attention` takes models/decode_attention.py."""
     global _installed
     if _installed:
         return
@@ -197,11 +200,12 @@ def install() -> None:
 
     def sdpa_or_cascade(module, query, key, value, attention_mask, *args, **kwargs):
         shared = kwargs.pop(SHARED_KWARG, None)
+        float32 = kwargs.pop(FLOAT32_KWARG, False)
         scaling = kwargs.get("scaling")
         scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
         if shared is not None and shared.active and query.shape[2] == 1:
             return shared.attend(module.layer_idx, query, key, value, scaling), None
-        if not args and decode_attention.applies(query, key, attention_mask, kwargs):
+        if float32 and not args and decode_attention.applies(query, key, attention_mask, kwargs):
             return decode_attention.attend(query, key, value, attention_mask, scaling), None
         return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
 

@@ -23,10 +23,11 @@ batch to its longest prompt. Here
 - decode steps on the CPU multiply their few rows by weights that oneDNN reordered once into its blocked
   layout (models/packed.py; fp32, and bf16 where native), 1.15-1.6x faster per fp32 step than MKL's GEMM from
   1 to 64 rows on 2 AVX2 cores; prefill and scoring stay on MKL;
-- a bf16 decode step's attention runs in float32 (models/decode_attention.py): torch's CPU SDPA over a bf16
-  cache is 1.8-4.2x slower than the cast for one query token per row. With the packed bf16 linears a decode
-  step over 300 tokens of context took 1.6x, 1.8x and 2.8x less time at 1, 8 and 32 rows on 2 AVX512_BF16
-  cores (benchmarks/decode_step.py);
+- a bf16 decode step's attention runs in float32 (models/decode_attention.py) on a CPU without AMX: there
+  torch's CPU SDPA over a bf16 cache is 1.8-4.2x slower than the cast for one query token per row. With the
+  packed bf16 linears a decode step over 300 tokens of context took 1.6x, 1.8x and 2.8x less time at 1, 8 and
+  32 rows on 2 AVX512_BF16 cores (benchmarks/decode_step.py). With AMX it is the other way round (SDPA 3-4x
+  faster than the cast on 2 cores), so a bf16 decoder there keeps SDPA, and no cascade (below) either;
 - the KV cache lives in preallocated buffers with spare columns (models/decoding.py BufferedLayer): a decode
   step writes its column in place, where transformers' DynamicCache copies the whole cache at every step;
 - sampling inverts each row's cumulative distribution with one uniform (models/decoding.py draw), one
@@ -62,9 +63,9 @@ import torch.nn.functional as F
 
 from models import cascade, packed
 from models.backend import Completion, Sampling, end_ids, logprob_temperature
-from models.cascade import SHARED_KWARG, SharedPrompts
+from models.cascade import FLOAT32_KWARG, SHARED_KWARG, SharedPrompts
 from models.decoding import M32, DecodeBatch, cache_kwarg, draw, keyed_uniforms
-from models.devices import native_bf16
+from models.devices import amx_bf16, native_bf16
 from models.states import SeqState, check_cuts, last_hidden, left_padded, split_rows
 
 log = logging.getLogger("refinery.models")
@@ -139,10 +140,19 @@ class TransformersBackend:
             raise ValueError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
         self.kv_cache_bytes = kv_cache_gib * 2**30
         self.kv_bytes_per_token = kv_bytes_per_token(self.model)
-        # the cascade over shared prompts (models/cascade.py) wraps SDPA; False: SDPA over every row's copy
-        self.shared_prompt_attention = self.model.config._attn_implementation == "sdpa"
-        if self.shared_prompt_attention:
+        # the cascade over shared prompts (models/cascade.py) and a bf16 decode step's float32 attention
+        # (models/decode_attention.py) wrap SDPA; False: SDPA over every row's copy. With AMX, torch's SDPA over
+        # a bf16 cache beats both (measured there: generate 1.07-1.22x faster on SDPA alone), so a bf16 decoder
+        # there keeps SDPA; an fp32 one keeps the cascade
+        sdpa = self.model.config._attn_implementation == "sdpa"
+        bf16_sdpa = self.bf16 and amx_bf16(device)
+        self.shared_prompt_attention = sdpa and not bf16_sdpa
+        self.float32_decode_attention = sdpa and self.bf16 and not bf16_sdpa
+        if sdpa:
             cascade.install()
+        if self.bf16 and sdpa:
+            log.info("bf16 decode attention: %s", "SDPA over the bf16 cache (AMX)" if bf16_sdpa
+                     else "in float32, and the cascade over shared prompts")
 
     def render(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -205,7 +215,8 @@ class TransformersBackend:
         after_lp: dict[int, list[float]] = {}
         share = self.shared_prompt_attention and n > 1  # the rows of a prompt share its cache (models/cascade.py)
         run = DecodeBatch(spare=min(sampling.max_new_tokens, 128), shared=SharedPrompts(n) if share else None)
-        step_kwargs = {SHARED_KWARG: run.shared} if share else {}
+        step_kwargs = ({SHARED_KWARG: run.shared} if share else {}) | (
+            {FLOAT32_KWARG: True} if self.float32_decode_attention else {})
         eos = torch.tensor(self.eos_ids)
 
         def completion(key: tuple[int, int]) -> Completion:

@@ -73,6 +73,7 @@ def test_it_applies_to_half_precision_decode_steps_without_gradients_only():
 
 
 def test_a_bf16_backends_decode_steps_take_it_and_report_the_scored_log_probs(monkeypatch):
+    import models.hf
     from models.backend import Sampling
     from models.hf import TransformersBackend
     from models.registry import resolve
@@ -80,7 +81,9 @@ def test_a_bf16_backends_decode_steps_take_it_and_report_the_scored_log_probs(mo
     calls = []
     attend = decode_attention.attend
     monkeypatch.setattr(decode_attention, "attend", lambda *a: calls.append(a[0].shape) or attend(*a))
+    monkeypatch.setattr(models.hf, "amx_bf16", lambda device: False)  # a CPU without AMX, whatever runs this
     backend = TransformersBackend(resolve("tiny-random"), dtype="bf16")
+    assert backend.float32_decode_attention and backend.shared_prompt_attention
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
     out = backend.generate_ids(prompts, 2, Sampling(1.0, 1.0, 8, 3), row_seeds=[1, 2])
     assert calls and all(shape[2] == 1 for shape in calls)
@@ -88,3 +91,35 @@ def test_a_bf16_backends_decode_steps_take_it_and_report_the_scored_log_probs(mo
     scored = backend.score_ids([p for p, _ in rows], [c.token_ids for _, c in rows])
     for (_, c), lp in zip(rows, scored):  # scoring runs SDPA over the whole sequence, in bf16 with autocast
         assert c.logprobs == pytest.approx(lp, abs=0.05)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_with_amx_a_bf16_decoder_keeps_sdpa_and_an_fp32_one_the_cascade(monkeypatch, caplog, dtype):
+    """On a CPU with AMX, torch's SDPA over a bf16 cache beat the float32 cast and the float32 cascade (models/
+    hf.py): a bf16 decoder's steps take neither, whatever the mask or the number of samples; fp32 changes nothing."""
+    import models.cascade as cascade
+    import models.hf
+    from models.backend import Sampling
+    from models.hf import TransformersBackend
+    from models.registry import resolve
+
+    calls = []
+    attend = decode_attention.attend
+    monkeypatch.setattr(decode_attention, "attend", lambda *a: calls.append(a[0].shape) or attend(*a))
+    monkeypatch.setattr(cascade, "MIN_ROWS", 1)  # every step with shared prompts would take the cascade
+    monkeypatch.setattr(cascade, "MIN_ROWS_PER_PROMPT", 1)
+    monkeypatch.setattr(cascade, "MIN_PROMPT_TOKENS", 1)
+    cascaded = []
+    real = cascade.SharedPrompts.attend
+    monkeypatch.setattr(cascade.SharedPrompts, "attend", lambda self, *a: cascaded.append(1) or real(self, *a))
+    monkeypatch.setattr(models.hf, "amx_bf16", lambda device: device == "cpu")
+    with caplog.at_level("INFO", logger="refinery.models"):
+        backend = TransformersBackend(resolve("tiny-random"), dtype=dtype)
+    out = backend.generate_ids([[5, 6, 7, 8, 9], [10, 11, 12]], 3, Sampling(1.0, 1.0, 8, 3), row_seeds=[1, 2])
+    assert all(len(c.token_ids) for g in out for c in g)
+    assert not calls and not backend.float32_decode_attention
+    if dtype == "bf16":
+        assert not cascaded and not backend.shared_prompt_attention
+        assert "bf16 decode attention: SDPA over the bf16 cache (AMX)" in caplog.text
+    else:
+        assert cascaded and backend.shared_prompt_attention
