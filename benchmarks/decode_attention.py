@@ -14,7 +14,8 @@ query heads over 3 KV heads of 64 dims, prompts of --prefix tokens and --suffix 
 BufferedLayer hands it) side by side with the cascade; x 30 layers gives a decode step's share.
 
 With --generate, the same comparison in the decoder: the embedded policy's `generate` (the backend's
-`shared_prompt_attention` on and off, alternating, --repeats each) on the default pool's first 16 questions x
+`shared_prompt_attention` on and off, and with bf16 weights its `float32_decode_attention` on and off too:
+models/decode_attention.py; the arms alternate, --repeats each) on the default pool's first 16 questions x
 --samples, 64 new tokens at most, T = 0.7, batch 64: once as collect's plain prompts (about 90 tokens), once
 with four worked examples (each a sentence of reasoning and the boxed answer) before each question as chat
 turns (about 350 tokens: a few-shot prompt). Both
@@ -27,8 +28,11 @@ tiny model).
 
 Figures (--json, flat keys, per prefix P and suffix S): attn_sdpa_ms_P<P>_S<S>, attn_cascade_ms_P<P>_S<S>,
 attn_cascade_speedup_P<P>_S<S>, attn_cascade_max_err_P<P>_S<S>; with --generate, for the plain and few-shot
-prompts: gen_<kind>_sdpa_s, gen_<kind>_cascade_s (medians), gen_<kind>_cascade_speedup (the median of the
-repeats' ratios), gen_<kind>_tokens, gen_<kind>_prompt_tokens (median), gen_<kind>_rows_identical.
+prompts: gen_<kind>_sdpa_s, gen_<kind>_cascade_s (medians; with the float32 attention as this CPU's decoder
+chooses it), gen_<kind>_cascade_speedup (the median of the repeats' ratios), gen_<kind>_tokens,
+gen_<kind>_prompt_tokens (median), gen_<kind>_rows_identical, and per arm A (sdpa, cascade, and with bf16
+float32 and cascade_float32) gen_<kind>_<A>_arm_s and gen_<kind>_<A>_arm_vs_chosen (its time over the arm the
+decoder runs here: models/hf.py chooses by AMX).
 """
 
 from __future__ import annotations
@@ -85,32 +89,42 @@ def in_decoder(samples: int, repeats: int) -> dict[str, float]:
              "fewshot": [b.render([*worked, {"role": "user", "content": f"{q.text}\n{cfg.rollout.instruction}"}])
                          for q in questions]}
     sampling = Sampling(temperature=cfg.rollout.temperature, max_new_tokens=64, seed=0)
+    chosen = (b.shared_prompt_attention, b.float32_decode_attention)  # what this CPU's decoder runs (models/hf.py)
+    # (cascade, float32 decode attention); the latter only changes a bf16 cache's steps
+    arms = [(c, f) for c in (False, True) for f in ((False, True) if b.bf16 else (False,))]
+    name = {(False, False): "sdpa", (True, False): "cascade", (False, True): "float32", (True, True): "cascade_float32"}
+    print(f"this CPU's decoder runs the arm {name[chosen]}")
     figures: dict[str, float] = {}
     for kind, prompts in kinds.items():
         ids = b.encode(prompts)
-        times: dict[bool, list[float]] = {False: [], True: []}
-        tokens: dict[bool, list] = {}
+        times: dict[tuple, list[float]] = {a: [] for a in arms}
+        tokens: dict[tuple, list] = {}
         for rep in range(repeats):
-            for share in ((False, True) if rep % 2 == 0 else (True, False)):
-                b.shared_prompt_attention = share
+            for arm in (arms if rep % 2 == 0 else arms[::-1]):
+                b.shared_prompt_attention, b.float32_decode_attention = arm
                 t0 = time.perf_counter()
                 out = b.generate_ids(ids, samples, sampling, row_seeds=list(range(len(ids))))
-                times[share].append(time.perf_counter() - t0)
-                tokens[share] = [c.token_ids for cs in out for c in cs]
-        b.shared_prompt_attention = True
-        same = sum(x == y for x, y in zip(tokens[False], tokens[True])) / len(tokens[True])
-        ratios = [x / y for x, y in zip(times[False], times[True])]
-        n_tok = sum(len(t) for t in tokens[True])
-        figures |= {f"gen_{kind}_sdpa_s": statistics.median(times[False]),
-                    f"gen_{kind}_cascade_s": statistics.median(times[True]),
+                times[arm].append(time.perf_counter() - t0)
+                tokens[arm] = [c.token_ids for cs in out for c in cs]
+        b.shared_prompt_attention, b.float32_decode_attention = chosen
+        base = (False, chosen[1])  # the cascade's baseline: SDPA (or the float32 path) over every row's copy
+        same = sum(x == y for x, y in zip(tokens[base], tokens[(True, chosen[1])])) / len(tokens[base])
+        ratios = [x / y for x, y in zip(times[base], times[(True, chosen[1])])]
+        n_tok = sum(len(t) for t in tokens[(True, chosen[1])])
+        figures |= {f"gen_{kind}_sdpa_s": statistics.median(times[base]),
+                    f"gen_{kind}_cascade_s": statistics.median(times[(True, chosen[1])]),
                     f"gen_{kind}_cascade_speedup": statistics.median(ratios), f"gen_{kind}_tokens": n_tok,
                     f"gen_{kind}_prompt_tokens": statistics.median(len(x) for x in ids),
                     f"gen_{kind}_rows_identical": same}
+        for arm in arms:
+            figures |= {f"gen_{kind}_{name[arm]}_arm_s": statistics.median(times[arm]),
+                        f"gen_{kind}_{name[arm]}_arm_vs_chosen": statistics.median(
+                            [x / y for x, y in zip(times[arm], times[chosen])])}
         print(f"generate, {kind} prompts ({statistics.median(len(x) for x in ids):.0f} tokens, {len(ids)} x "
-              f"{samples}, {n_tok} tokens): SDPA {statistics.median(times[False]):.1f} s "
-              f"({min(times[False]):.1f}-{max(times[False]):.1f}), cascade {statistics.median(times[True]):.1f} s "
-              f"({min(times[True]):.1f}-{max(times[True]):.1f}): {statistics.median(ratios):.2f}x; rows sampled "
-              f"alike {same:.0%}")
+              f"{samples}, {n_tok} tokens): " + ", ".join(
+                  f"{name[arm]} {statistics.median(times[arm]):.1f} s ({min(times[arm]):.1f}-{max(times[arm]):.1f})"
+                  for arm in arms) + f"; the cascade {statistics.median(ratios):.2f}x over its baseline; rows "
+              f"sampled alike {same:.0%}", flush=True)
     return figures
 
 
