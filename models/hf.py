@@ -144,13 +144,13 @@ class TransformersBackend:
         # (models/decode_attention.py) wrap SDPA; False: SDPA over every row's copy. With AMX, torch's SDPA over
         # a bf16 cache beats both (measured there: generate 1.07-1.22x faster on SDPA alone), so a bf16 decoder
         # there keeps SDPA; an fp32 one keeps the cascade
-        sdpa = self.model.config._attn_implementation == "sdpa"
+        sdpa, cpu = self.model.config._attn_implementation == "sdpa", device.split(":")[0] == "cpu"
         bf16_sdpa = self.bf16 and amx_bf16(device)
         self.shared_prompt_attention = sdpa and not bf16_sdpa
-        self.float32_decode_attention = sdpa and self.bf16 and not bf16_sdpa
+        self.float32_decode_attention = sdpa and self.bf16 and cpu and not bf16_sdpa
         if sdpa:
             cascade.install()
-        if self.bf16 and sdpa:
+        if self.bf16 and sdpa and cpu:
             log.info("bf16 decode attention: %s", "SDPA over the bf16 cache (AMX)" if bf16_sdpa
                      else "in float32, and the cascade over shared prompts")
 
