@@ -34,6 +34,8 @@ Choices:
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from models import decode_attention
@@ -41,6 +43,7 @@ from models.decoding import left_pad
 
 SHARED_KWARG = "shared_prompts"  # the keyword a decode step hands its SharedPrompts to the attention by
 FLOAT32_KWARG = "float32_decode_attention"  # the keyword (True) by which a decode step asks for decode_attention.py
+_float32_without_keyword = False  # what a call without the keyword gets (`float32_decode_steps`)
 # A step takes the cascade only with at least this many rows, this many per prompt on average, and prompts of
 # this many tokens on average; else SDPA. With few rows left per prompt the cascade reads as much as SDPA and
 # runs more, smaller products (2 AVX2 cores, ~330-token prompts x 8 samples, a first version: 166 against
@@ -189,6 +192,20 @@ class SharedPrompts:
 _installed = False
 
 
+@contextlib.contextmanager
+def float32_decode_steps(on: bool):
+    """Inside the block, bf16 decode steps that carry no `float32_decode_attention` keyword (transformers'
+    own `model.generate`, which refuses unknown keywords: the benchmarks' forced-length ceilings) take
+    models/decode_attention.py when `on`, as the backend's own steps do where it chose that path
+    (models/hf.py decode_attention_paths). Needs `install`."""
+    global _float32_without_keyword
+    before, _float32_without_keyword = _float32_without_keyword, on
+    try:
+        yield
+    finally:
+        _float32_without_keyword = before
+
+
 def install() -> None:
     """Wrap transformers' SDPA attention once, so a call carrying `shared_prompts` takes the cascade, and a
     bf16 decode step on the CPU that carries `float32_decode_attention` takes models/decode_attention.py."""
@@ -200,7 +217,7 @@ def install() -> None:
 
     def sdpa_or_cascade(module, query, key, value, attention_mask, *args, **kwargs):
         shared = kwargs.pop(SHARED_KWARG, None)
-        float32 = kwargs.pop(FLOAT32_KWARG, False)
+        float32 = kwargs.pop(FLOAT32_KWARG, _float32_without_keyword)
         scaling = kwargs.get("scaling")
         scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
         if shared is not None and shared.active and query.shape[2] == 1:

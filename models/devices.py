@@ -30,6 +30,15 @@ def native_bf16(device: str) -> bool:
 
 
 def amx_bf16(device: str) -> bool:
-    """Is `device` a CPU with AMX's bf16 tile products? There torch's CPU attention over bf16 tensors runs on
-    them, 3-4x faster than a float32 cast for one query token per row (benchmarks/decode_step.py)."""
-    return device.split(":")[0] == "cpu" and "amx_bf16" in cpu_flags()
+    """Is `device` a CPU with AMX's bf16 tile products that this process may use? There torch's CPU attention
+    over bf16 tensors runs on them, 3-4x faster than a float32 cast for one query token per row
+    (benchmarks/decode_step.py). Linux grants the tiles' state per process on request; torch's `_init_amx`
+    asks (where this torch lacks it, the flag alone decides)."""
+    return device.split(":")[0] == "cpu" and "amx_bf16" in cpu_flags() and amx_granted()
+
+
+@functools.cache
+def amx_granted() -> bool:
+    """Whether the OS lets this process use AMX's tiles (asked once)."""
+    init = getattr(torch.cpu, "_init_amx", None)
+    return bool(init()) if init is not None else True

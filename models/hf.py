@@ -94,6 +94,15 @@ def bf16_chosen(device: str, dtype: str) -> bool:
     return dtype == "bf16" or (dtype == "auto" and native_bf16(device))
 
 
+def decode_attention_paths(device: str, bf16: bool, sdpa: bool = True) -> tuple[bool, bool]:
+    """(the cascade over shared prompts, the float32 decode attention) for a decoder on `device` with a bf16
+    (`bf16`) or fp32 cache whose model attends through SDPA (`sdpa`; both wrap it). With AMX, torch's SDPA over
+    a bf16 cache beats both (measured there: generate 1.07-1.22x faster on SDPA alone), so a bf16 decoder there
+    takes neither; an fp32 one keeps the cascade. The float32 attention is the CPU's only."""
+    bf16_sdpa = bf16 and amx_bf16(device)
+    return sdpa and not bf16_sdpa, sdpa and bf16 and device.split(":")[0] == "cpu" and not bf16_sdpa
+
+
 def autocast(device: str, dtype: str):
     """bf16 autocast where `dtype` asks for it ("bf16"), or allows it ("auto") on a device that computes bf16
     natively; else no autocast."""
@@ -141,18 +150,15 @@ class TransformersBackend:
         self.kv_cache_bytes = kv_cache_gib * 2**30
         self.kv_bytes_per_token = kv_bytes_per_token(self.model)
         # the cascade over shared prompts (models/cascade.py) and a bf16 decode step's float32 attention
-        # (models/decode_attention.py) wrap SDPA; False: SDPA over every row's copy. With AMX, torch's SDPA over
-        # a bf16 cache beats both (measured there: generate 1.07-1.22x faster on SDPA alone), so a bf16 decoder
-        # there keeps SDPA; an fp32 one keeps the cascade
-        sdpa, cpu = self.model.config._attn_implementation == "sdpa", device.split(":")[0] == "cpu"
-        bf16_sdpa = self.bf16 and amx_bf16(device)
-        self.shared_prompt_attention = sdpa and not bf16_sdpa
-        self.float32_decode_attention = sdpa and self.bf16 and cpu and not bf16_sdpa
+        # (models/decode_attention.py) wrap SDPA, where they pay (decode_attention_paths); False: SDPA
+        sdpa = self.model.config._attn_implementation == "sdpa"
+        paths = decode_attention_paths(device, self.bf16, sdpa)
+        self.shared_prompt_attention, self.float32_decode_attention = paths
         if sdpa:
             cascade.install()
-        if self.bf16 and sdpa and cpu:
-            log.info("bf16 decode attention: %s", "SDPA over the bf16 cache (AMX)" if bf16_sdpa
-                     else "in float32, and the cascade over shared prompts")
+        if self.bf16 and sdpa and device.split(":")[0] == "cpu":
+            log.info("bf16 decode attention: %s", "in float32, and the cascade over shared prompts"
+                     if self.float32_decode_attention else "SDPA over the bf16 cache (AMX)")
 
     def render(self, messages: list[dict]) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -123,3 +123,56 @@ def test_with_amx_a_bf16_decoder_keeps_sdpa_and_an_fp32_one_the_cascade(monkeypa
         assert "bf16 decode attention: SDPA over the bf16 cache (AMX)" in caplog.text
     else:
         assert cascaded and backend.shared_prompt_attention
+
+
+def test_the_paths_follow_the_cpus_amx_flag(monkeypatch):
+    """models.devices reads AMX from the CPU's flags, and models/hf.py's choice follows it: without AMX a bf16
+    decoder takes both float32 paths, with AMX neither; fp32 keeps the cascade; a GPU never takes the float32
+    attention."""
+    from models import devices, hf
+
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert devices.native_bf16("cpu") and not devices.amx_bf16("cpu")
+    assert hf.decode_attention_paths("cpu", bf16=True) == (True, True)
+    assert hf.decode_attention_paths("cpu", bf16=False) == (True, False)
+    assert hf.decode_attention_paths("cuda:0", bf16=True) == (True, False)
+    assert hf.decode_attention_paths("cpu", bf16=True, sdpa=False) == (False, False)  # eager attention: no wrapper
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16", "amx_bf16", "amx_tile"}))
+    monkeypatch.setattr(devices, "amx_granted", lambda: True)
+    assert devices.amx_bf16("cpu") and not devices.amx_bf16("cuda:0")
+    assert hf.decode_attention_paths("cpu", bf16=True) == (False, False)
+    assert hf.decode_attention_paths("cpu", bf16=False) == (True, False)
+    monkeypatch.setattr(devices, "amx_granted", lambda: False)  # the OS refused the tiles: as without AMX
+    assert not devices.amx_bf16("cpu") and hf.decode_attention_paths("cpu", bf16=True) == (True, True)
+    monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx2", "avx512f"}))  # no native bf16
+    assert not devices.native_bf16("cpu") and not devices.amx_bf16("cpu")
+
+
+def test_generate_without_the_keyword_attends_as_asked(monkeypatch):
+    """transformers' own `generate` cannot pass the keyword (it refuses unknown ones): its bf16 decode steps stay
+    on SDPA unless a block asks for the float32 path (benchmarks/rollout.py's ceilings, as the sampler runs)."""
+    from transformers import AutoModelForCausalLM
+
+    from models import cascade
+    from models.registry import resolve
+
+    cascade.install()
+    calls = []
+    attend = decode_attention.attend
+    monkeypatch.setattr(decode_attention, "attend", lambda *a: calls.append(a[0].shape) or attend(*a))
+    model = AutoModelForCausalLM.from_pretrained(resolve("tiny-random"), dtype=torch.bfloat16).eval()
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+
+    def generate():
+        with torch.no_grad():
+            return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4,
+                                  min_new_tokens=4, do_sample=False)
+
+    generate()
+    assert not calls
+    with cascade.float32_decode_steps(True):
+        generate()
+    assert len(calls) == 3 * model.config.num_hidden_layers  # the 3 decode steps after the prefill, every layer
+    calls.clear()
+    generate()
+    assert not calls  # the block's choice ended with it
