@@ -21,8 +21,8 @@ softmax, weight the values, and cast the output back to the query's dtype. Choic
   the masks a causal decoder is given (none, boolean, or additive); everything else goes to SDPA unchanged
   (`applies`). A decode step asks for this path (models/cascade.py's `float32_decode_attention` keyword), and
   the backend asks only on a CPU without AMX: with AMX's tiles bf16 SDPA was 3-4x faster than the cast
-  (models/hf.py decode_attention_paths). A row whose mask hides every column would give NaN here, as SDPA's math kernel does; a decode
-  step's row always attends at least to its own token.
+  (models/hf.py decode_attention_paths). A row whose mask hides every column would give NaN here, as SDPA's
+  math kernel does; a decode step's row always attends at least to its own token.
 """
 
 from __future__ import annotations

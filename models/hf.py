@@ -97,8 +97,9 @@ def bf16_chosen(device: str, dtype: str) -> bool:
 def decode_attention_paths(device: str, bf16: bool, sdpa: bool = True) -> tuple[bool, bool]:
     """(the cascade over shared prompts, the float32 decode attention) for a decoder on `device` with a bf16
     (`bf16`) or fp32 cache whose model attends through SDPA (`sdpa`; both wrap it). With AMX, torch's SDPA over
-    a bf16 cache beats both (measured there: generate 1.07-1.22x faster on SDPA alone), so a bf16 decoder there
-    takes neither; an fp32 one keeps the cascade. The float32 attention is the CPU's only."""
+    a bf16 cache beats both (2 cores: `generate` 1.09-1.14x faster on SDPA alone than on both, benchmarks/
+    decode_attention.py --generate), so a bf16 decoder there takes neither; an fp32 one keeps the cascade. The
+    float32 attention is the CPU's only."""
     bf16_sdpa = bf16 and amx_bf16(device)
     return sdpa and not bf16_sdpa, sdpa and bf16 and device.split(":")[0] == "cpu" and not bf16_sdpa
 
