@@ -67,9 +67,10 @@ def naive(model, tok, prompts: list[str], n: int, s: Sampling, batch: int, force
     torch.manual_seed(s.seed)
     useful = 0
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    _, float32_attention = decode_attention_paths("cpu", bf16=True)  # the sampler's bf16 steps on this CPU
     for i in range(0, len(rows), batch):
         enc = tok(rows[i : i + batch], return_tensors="pt", padding=True, add_special_tokens=False)
-        with torch.no_grad(), ctx, cascade.float32_decode_steps(decode_attention_paths("cpu", True)[1]):
+        with torch.no_grad(), ctx, cascade.float32_decode_steps(float32_attention):
             out = model.generate(**enc, do_sample=True, temperature=s.temperature, top_p=s.top_p,
                                  max_new_tokens=s.max_new_tokens, min_new_tokens=s.max_new_tokens if forced else 0,
                                  pad_token_id=tok.pad_token_id)

@@ -20,6 +20,15 @@ def _inputs(rows: int = 5, heads: int = 9, kv: int = 3, width: int = 37, dim: in
     return q, k, v, mask
 
 
+@pytest.fixture
+def attend_calls(monkeypatch) -> list:
+    """The query shapes of every `decode_attention.attend` call from here on (the real one still runs)."""
+    calls = []
+    attend = decode_attention.attend
+    monkeypatch.setattr(decode_attention, "attend", lambda *a: calls.append(a[0].shape) or attend(*a))
+    return calls
+
+
 def _sdpa(q, k, v, mask, scale):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True).transpose(1, 2)
 
@@ -72,21 +81,18 @@ def test_it_applies_to_half_precision_decode_steps_without_gradients_only():
     assert not decode_attention.applies(bq, bk, mask, plain)  # gradients on
 
 
-def test_a_bf16_backends_decode_steps_take_it_and_report_the_scored_log_probs(monkeypatch):
+def test_a_bf16_backends_decode_steps_take_it_and_report_the_scored_log_probs(monkeypatch, attend_calls):
     import models.hf
     from models.backend import Sampling
     from models.hf import TransformersBackend
     from models.registry import resolve
 
-    calls = []
-    attend = decode_attention.attend
-    monkeypatch.setattr(decode_attention, "attend", lambda *a: calls.append(a[0].shape) or attend(*a))
     monkeypatch.setattr(models.hf, "amx_bf16", lambda device: False)  # a CPU without AMX, whatever runs this
     backend = TransformersBackend(resolve("tiny-random"), dtype="bf16")
     assert backend.float32_decode_attention and backend.shared_prompt_attention
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
     out = backend.generate_ids(prompts, 2, Sampling(1.0, 1.0, 8, 3), row_seeds=[1, 2])
-    assert calls and all(shape[2] == 1 for shape in calls)
+    assert attend_calls and all(shape[2] == 1 for shape in attend_calls)
     rows = [(p, c) for p, g in zip(prompts, out) for c in g]
     scored = backend.score_ids([p for p, _ in rows], [c.token_ids for _, c in rows])
     for (_, c), lp in zip(rows, scored):  # scoring runs SDPA over the whole sequence, in bf16 with autocast
@@ -94,7 +100,7 @@ def test_a_bf16_backends_decode_steps_take_it_and_report_the_scored_log_probs(mo
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-def test_with_amx_a_bf16_decoder_keeps_sdpa_and_an_fp32_one_the_cascade(monkeypatch, caplog, dtype):
+def test_with_amx_a_bf16_decoder_keeps_sdpa_and_an_fp32_one_the_cascade(monkeypatch, caplog, dtype, attend_calls):
     """On a CPU with AMX, torch's SDPA over a bf16 cache beat the float32 cast and the float32 cascade (models/
     hf.py): a bf16 decoder's steps take neither, whatever the mask or the number of samples; fp32 changes nothing."""
     import models.cascade as cascade
@@ -103,9 +109,6 @@ def test_with_amx_a_bf16_decoder_keeps_sdpa_and_an_fp32_one_the_cascade(monkeypa
     from models.hf import TransformersBackend
     from models.registry import resolve
 
-    calls = []
-    attend = decode_attention.attend
-    monkeypatch.setattr(decode_attention, "attend", lambda *a: calls.append(a[0].shape) or attend(*a))
     monkeypatch.setattr(cascade, "MIN_ROWS", 1)  # every step with shared prompts would take the cascade
     monkeypatch.setattr(cascade, "MIN_ROWS_PER_PROMPT", 1)
     monkeypatch.setattr(cascade, "MIN_PROMPT_TOKENS", 1)
@@ -117,7 +120,7 @@ def test_with_amx_a_bf16_decoder_keeps_sdpa_and_an_fp32_one_the_cascade(monkeypa
         backend = TransformersBackend(resolve("tiny-random"), dtype=dtype)
     out = backend.generate_ids([[5, 6, 7, 8, 9], [10, 11, 12]], 3, Sampling(1.0, 1.0, 8, 3), row_seeds=[1, 2])
     assert all(len(c.token_ids) for g in out for c in g)
-    assert not calls and not backend.float32_decode_attention
+    assert not attend_calls and not backend.float32_decode_attention
     if dtype == "bf16":
         assert not cascaded and not backend.shared_prompt_attention
         assert "bf16 decode attention: SDPA over the bf16 cache (AMX)" in caplog.text
@@ -148,7 +151,7 @@ def test_the_paths_follow_the_cpus_amx_flag(monkeypatch):
     assert not devices.native_bf16("cpu") and not devices.amx_bf16("cpu")
 
 
-def test_generate_without_the_keyword_attends_as_asked(monkeypatch):
+def test_generate_without_the_keyword_attends_as_asked(attend_calls):
     """transformers' own `generate` cannot pass the keyword (it refuses unknown ones): its bf16 decode steps stay
     on SDPA unless a block asks for the float32 path (benchmarks/rollout.py's ceilings, as the sampler runs)."""
     from transformers import AutoModelForCausalLM
@@ -157,9 +160,6 @@ def test_generate_without_the_keyword_attends_as_asked(monkeypatch):
     from models.registry import resolve
 
     cascade.install()
-    calls = []
-    attend = decode_attention.attend
-    monkeypatch.setattr(decode_attention, "attend", lambda *a: calls.append(a[0].shape) or attend(*a))
     model = AutoModelForCausalLM.from_pretrained(resolve("tiny-random"), dtype=torch.bfloat16).eval()
     ids = torch.tensor([[5, 6, 7, 8, 9]])
 
@@ -169,10 +169,10 @@ def test_generate_without_the_keyword_attends_as_asked(monkeypatch):
                                   min_new_tokens=4, do_sample=False)
 
     generate()
-    assert not calls
+    assert not attend_calls
     with cascade.float32_decode_steps(True):
         generate()
-    assert len(calls) == 3 * model.config.num_hidden_layers  # the 3 decode steps after the prefill, every layer
-    calls.clear()
+    assert len(attend_calls) == 3 * model.config.num_hidden_layers  # the 3 decode steps after the prefill, every layer
+    attend_calls.clear()
     generate()
-    assert not calls  # the block's choice ended with it
+    assert not attend_calls  # the block's choice ended with it
