@@ -2,7 +2,9 @@
 
 It reuses the run's stored config (held-out split, sampling, verifier), so the numbers are comparable with
 the curriculum flow's own per-round evaluations. The result lands in `evals` as stage `eval-v<version>` of
-the checkpoint's round; evaluating the same version again reports the landed numbers instead of resampling.
+the checkpoint's round. A version whose held-out numbers have landed already (the curriculum's own evaluation of
+it, stage `evaluate`, or an earlier `eval`) reports those numbers instead of resampling: the same config and
+seeds would draw the same samples, and a second identical row would count twice in SQL over `evals`.
 
 `dataset` (a .jsonl or .parquet prompt file, the ingest schema: question, answer, optional id, solution, meta)
 evaluates on that file instead of the held-out split, for sets the run never saw (data/external holds one).
@@ -154,6 +156,12 @@ def eval_target(s: Store, run_id: str | None, checkpoint: int | None, dataset: s
                       f"dataset:{name}", prompts, rows)
 
 
+def heldout_landed(s: Store, run_id: str, checkpoint: int) -> bool:
+    """Whether `checkpoint` of `run_id` has held-out numbers in `evals` under any stage."""
+    mine = (pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint) & (pl.col("split") == "heldout")
+    return scan(s, "evals").filter(mine).select(pl.len()).collect().item() > 0
+
+
 @flow(name="evaluate", validate_parameters=True)
 def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: str | None = None,
              dataset: str | None = None, dataset_name: str | None = None) -> dict:
@@ -171,7 +179,7 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
 
         commit_prompts(s, target.rows)  # only now: a refused file lands nothing
     mine = (pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint)
-    if s.landed(run_id, r["round"], stage):
+    if s.landed(run_id, r["round"], stage) or (split == "heldout" and heldout_landed(s, run_id, checkpoint)):
         out = skipped(stage, r["round"])
     else:
         ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,

@@ -35,7 +35,7 @@ def _counts(store: Store, run: str) -> dict:
     return sql(store, q).to_pylist()[0]
 
 
-def test_two_rounds_on_the_tiny_model(prefect_api, store):
+def test_two_rounds_on_the_tiny_model(prefect_api, store, monkeypatch):
     from flows.curriculum import curriculum
 
     out = curriculum(load_config(sets=SELF_TEACHER, run_id="e2e", store=store.root, rounds=2))
@@ -86,8 +86,11 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert main(["eval", "--run-id", "e2e", "--checkpoint", "1", "--store", store.root]) == 0
-    lines = buf.getvalue().splitlines()  # the flow's own round-0 evaluation of v1, and this one: same seed
-    assert len(lines) == 2 and lines[0] == lines[1] and "v1 (round 0, heldout, 2 prompts): pass@1" in lines[0]
+    lines = buf.getvalue().splitlines()  # the flow's own round-0 evaluation of v1, reported, not resampled
+    assert len(lines) == 1 and "v1 (round 0, heldout, 2 prompts): pass@1" in lines[0]
+    assert not store.landed("e2e", 0, "eval-v1")
+    assert sql(store, """SELECT count(*) AS n FROM evals WHERE run_id = 'e2e' AND policy_version = 1
+                         AND split = 'heldout'""").to_pylist() == [{"n": 1}]
     with contextlib.redirect_stderr(io.StringIO()) as err:
         assert main(["eval", "--run-id", "e2e", "--checkpoint", "7", "--store", store.root]) == 1
     assert "no checkpoint 7; it has 0, 1, 2" in err.getvalue()
@@ -146,6 +149,16 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store):
     assert {d["prompt_id"]: d["status"] for d in tree["descendants"]} == {c["child_id"]: c["status"] for c in children}
     with pytest.raises(ValueError, match="differs in: rollout"):
         curriculum(load_config(sets=[*SELF_TEACHER, "rollout.temperature=1.0"], run_id="e2e", store=store.root))
+    # where no held-out numbers landed for a version (a run stopped before its evaluate stage), `eval` samples
+    # them itself as stage eval-v<N>, with the flow's config and seed: the numbers the flow's own evaluation has
+    import flows.evaluate
+
+    monkeypatch.setattr(flows.evaluate, "heldout_landed", lambda *_: False)
+    again = flows.evaluate.evaluate(run_id="e2e", checkpoint=1, store=store.root)
+    assert store.landed("e2e", 0, "eval-v1") and "skipped" not in again["stage"]
+    fields = ("round", "split", "n_prompts", "k", "pass_at_1", "pass_at_k")
+    first, second = ({f: e[f] for f in fields} for e in again["evals"] if e["split"] == "heldout")
+    assert first == second
 
 
 # TINY plus six prompts with reference solutions: the shape stage turns those into SFT traces, so the tiny
