@@ -4,8 +4,9 @@ its exit, for a refused input and for an eval whose flow has little to do, side 
     python benchmarks/command_start.py [--baseline REF] [--repeats 3] [--json PATH]
 
 Setup (not timed): a new store under /tmp holding one tiny-model run of one round with its held-out
-evaluation (`refinery run` of this checkout), then one `refinery eval` of its version 0 per arm, so that its
-stage `eval-v0` has landed. Timed, in each repeat, every command once per arm, the arms' order alternating
+evaluation (`refinery run` of this checkout), then one `refinery eval` of its version 0 per arm, so that every
+timed eval only reports (a commit before 8f148bf samples version 0 again there once, as stage `eval-v0`; later
+ones report the run's own evaluation from the start). Timed, in each repeat, every command once per arm, the arms' order alternating
 repeat by repeat so that load drifting over the run favours neither:
 - `eval_landed`: `refinery eval --run-id bench` (version 0 evaluated already: the flow reports what landed);
 - `eval_unknown`: `refinery eval --run-id nope` (refused: no such run in the store);
@@ -73,7 +74,7 @@ def setup(store: Path, trees: dict[str, Path]) -> None:
     made = refinery(ROOT, store, ["run", "--run-id", "bench", "--rounds", "1", *sum((["--set", s] for s in TINY), [])])
     if made.returncode:
         sys.exit(f"command_start.py: the setup run failed: {(made.stderr.strip().splitlines() or ['?'])[-1]}")
-    for tree in trees.values():  # lands eval-v0 (the first arm), then only reports it
+    for tree in trees.values():  # before 8f148bf the first arm lands eval-v0 here; later commits only report
         timed(tree, store, "eval_landed")
 
 
