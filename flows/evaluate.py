@@ -156,18 +156,12 @@ def eval_target(s: Store, run_id: str | None, checkpoint: int | None, dataset: s
                       f"dataset:{name}", prompts, rows)
 
 
-def heldout_landed(s: Store, run_id: str, checkpoint: int) -> bool:
-    """Whether `checkpoint` of `run_id` has held-out numbers in `evals` under any stage."""
-    mine = (pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint) & (pl.col("split") == "heldout")
-    return scan(s, "evals").filter(mine).select(pl.len()).collect().item() > 0
-
-
 @flow(name="evaluate", validate_parameters=True)
 def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: str | None = None,
              dataset: str | None = None, dataset_name: str | None = None) -> dict:
     """Evaluate checkpoint `checkpoint` (a policy_version; default the newest) of run `run_id` (default the
     newest run `refinery run` made) on the run's held-out split, or on the prompt file `dataset` (split `dataset:<name>`)."""
-    from tasks.evaluate import evaluate_versions
+    from tasks.evaluate import evaluate_versions, landed_heldout
     from tasks.stage import RoundContext, skipped
 
     s = Store(store or default_root())
@@ -179,8 +173,10 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
 
         commit_prompts(s, target.rows)  # only now: a refused file lands nothing
     mine = (pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint)
-    if s.landed(run_id, r["round"], stage) or (split == "heldout" and heldout_landed(s, run_id, checkpoint)):
+    if s.landed(run_id, r["round"], stage):
         out = skipped(stage, r["round"])
+    elif split == "heldout" and landed_heldout(s, run_id, [checkpoint]):
+        out = {"stage": stage, "round": r["round"], "skipped": "held-out numbers landed already"}
     else:
         ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,
                            base=config.model.policy, rounds=config.rounds, model=config.model, scale=config.scale)

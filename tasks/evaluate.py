@@ -13,6 +13,12 @@ Each evaluation lands one `evals` row (the means) and one `eval_results` row per
 ones, generated tokens), so intervals can resample prompts and tokens per correct answer can be counted. The
 split is `heldout` for the run's own held-out prompts, `dataset:<name>` for a prompt file evaluated with
 `refinery eval --dataset` (flows/evaluate.py).
+
+A version's held-out numbers land once: the curriculum's evaluate stage and `refinery eval` both report the
+rows that landed already (under any stage) instead of sampling that version again. The run's config and seeds
+would draw the same samples, and a second identical row would count twice in SQL over `evals`. This covers a
+run whose policy did not change in a round (training off: version 0 every round) and `refinery eval` of a
+stopped run's checkpoint before the run resumes.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from models.config import Section
 from models.meter import record
 from models.registry import release_model
 from models.sharded import load_generator
+from storage.query import scan
 from storage.rounds import prompts, this_round
+from storage.schemas import schema
 from storage.store import Store
 from tasks.core.fewshot import ask
 from tasks.core.heldout import pass_at_k
@@ -55,6 +63,17 @@ def heldout_prompts(store: Store, run_id: str) -> pl.DataFrame:
     """The run's held-out prompts (fixed at round 0)."""
     ids = this_round(store, "pool", run_id, 0).filter(pl.col("status") == "heldout").select("prompt_id")
     return ids.join(prompts(store, "text", "answer", "source", "meta"), on="prompt_id").sort("prompt_id").collect()
+
+
+def landed_heldout(store: Store, run_id: str, versions: list[int]) -> dict[int, dict]:
+    """The `evals` rows already landed on the held-out split for these versions of the run, by version."""
+    mine = (pl.col("run_id") == run_id) & pl.col("policy_version").is_in(versions) & (pl.col("split") == "heldout")
+    return {r["policy_version"]: r for r in scan(store, "evals").filter(mine).collect().to_dicts()}
+
+
+def summary_numbers(row: dict) -> dict:
+    """A version's pass@1 and pass@k as the stage summaries print them."""
+    return {"pass_at_1": sig4(row["pass_at_1"]), f"pass_at_{row['k']}": sig4(row["pass_at_k"])}
 
 
 def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int, str]], cfg: EvalConfig,
@@ -91,16 +110,23 @@ def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int,
         if spec != versions[-1][1]:  # the last version is the one the next round samples: only it stays loaded
             del backend
             release_model(model)
-    store.commit(stage, {"evals": pa.Table.from_pylist(rows), "eval_results": pa.Table.from_pylist(per_prompt)},
+    store.commit(stage, {"evals": pa.Table.from_pylist(rows, schema=schema("evals")),
+                         "eval_results": pa.Table.from_pylist(per_prompt, schema=schema("eval_results"))},
                  run_id=ctx.run_id, round=ctx.round)
     report_timeouts(stage, ctx.round, timeouts)
     return {"stage": stage, "round": ctx.round, "prompts": prompts.height, "verify_timeouts": timeouts,
-            "versions": {r["policy_version"]: {"pass_at_1": sig4(r["pass_at_1"]), f"pass_at_{cfg.k}": sig4(r["pass_at_k"])}
-                         for r in rows}}
+            "versions": {r["policy_version"]: summary_numbers(r) for r in rows}}
 
 
 @stage("evaluate")
 def evaluate_task(ctx: RoundContext, store: Store, versions: list[tuple[int, str]], cfg: EvalConfig,
                   rollout_cfg: RolloutConfig, reward_cfg: RewardConfig) -> dict:
-    """The held-out evaluation of the round's new checkpoint (and, in round 0, the base model)."""
-    return evaluate_versions(store, ctx, versions, cfg, rollout_cfg, reward_cfg)
+    """The held-out evaluation of the round's new checkpoint (and, in round 0, the base model). A version whose
+    held-out numbers landed already is reported, not sampled again (the stage lands what is new: maybe nothing)."""
+    landed = landed_heldout(store, ctx.run_id, [v for v, _ in versions])
+    out = evaluate_versions(store, ctx, [(v, spec) for v, spec in versions if v not in landed], cfg, rollout_cfg,
+                            reward_cfg)
+    if landed:
+        out["versions"] = {**{v: summary_numbers(r) for v, r in sorted(landed.items())}, **out["versions"]}
+        out["reported"] = sorted(landed)
+    return out

@@ -151,10 +151,11 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store, monkeypatch):
         curriculum(load_config(sets=[*SELF_TEACHER, "rollout.temperature=1.0"], run_id="e2e", store=store.root))
     # where no held-out numbers landed for a version (a run stopped before its evaluate stage), `eval` samples
     # them itself as stage eval-v<N>, with the flow's config and seed: the numbers the flow's own evaluation has
-    import flows.evaluate
+    import tasks.evaluate
+    from flows.evaluate import evaluate
 
-    monkeypatch.setattr(flows.evaluate, "heldout_landed", lambda *_: False)
-    again = flows.evaluate.evaluate(run_id="e2e", checkpoint=1, store=store.root)
+    monkeypatch.setattr(tasks.evaluate, "landed_heldout", lambda *_: {})
+    again = evaluate(run_id="e2e", checkpoint=1, store=store.root)
     assert store.landed("e2e", 0, "eval-v1") and "skipped" not in again["stage"]
     fields = ("round", "split", "n_prompts", "k", "pass_at_1", "pass_at_k")
     first, second = ({f: e[f] for f in fields} for e in again["evals"] if e["split"] == "heldout")

@@ -137,3 +137,21 @@ def test_a_token_budget_stops_the_run_and_a_larger_one_resumes_it(prefect_api, s
     assert collected == {1} and "stopped before round 2" in out["stopped"]
     assert sql(store, "SELECT DISTINCT round FROM rollouts WHERE run_id = 'b' ORDER BY 1").to_pylist() == [
         {"round": 0}, {"round": 1}]
+
+
+def test_a_version_evaluated_once_is_reported_in_later_rounds(prefect_api, store):
+    """With training off the policy stays version 0: round 1's evaluate stage reports round 0's numbers instead
+    of landing the same version again (a second identical row would count twice in SQL), and still lands, so
+    a resume skips it."""
+    from flows.curriculum import curriculum
+
+    out = curriculum(load_config(sets=SETS, run_id="same", store=store.root, rounds=2))
+    evaluated = [s for s in out["stages"] if s["stage"] == "evaluate"]
+    assert [s.get("reported") for s in evaluated] == [None, [0]]
+    assert evaluated[1]["versions"] == evaluated[0]["versions"] and evaluated[0]["versions"][0]["pass_at_1"] > 0
+    assert sql(store, "SELECT round, policy_version, count(*) AS n FROM evals WHERE run_id = 'same' GROUP BY ALL"
+               ).to_pylist() == [{"round": 0, "policy_version": 0, "n": 1}]
+    assert sql(store, "SELECT DISTINCT round FROM eval_results WHERE run_id = 'same'").to_pylist() == [{"round": 0}]
+    assert store.landed("same", 1, "evaluate")
+    assert not any(r["stage"] == "evaluate" and r["round"] == 1 for r in sql(
+        store, "SELECT stage, round FROM generated_tokens WHERE run_id = 'same'").to_pylist())  # nothing sampled

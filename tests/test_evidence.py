@@ -255,14 +255,19 @@ def test_a_missing_external_file_is_refused_before_any_run(prefect_api, store, t
 
 
 @pytest.mark.slow
-def test_a_checkpoint_evaluated_again_counts_once(compared):
+def test_a_checkpoint_evaluated_again_counts_once(compared, monkeypatch):
+    """`refinery eval` reports landed numbers (tasks/evaluate.py); a store holding a version's held-out rows
+    twice (one written before that, or landed by a race) still counts them once."""
+    import tasks.evaluate
+
     store, planned, _ = compared
     before = build(store, "ev", planned, ["ext"])
+    monkeypatch.setattr(tasks.evaluate, "landed_heldout", lambda *_: {})  # sample it again, as before 8f148bf
     code, _, err = run_cli("eval", "--run-id", "ev-uniform-s1", "--checkpoint", "1", "--store", store.root)
     assert code == 0, err
     again = sql(store, "SELECT count(*) AS n FROM eval_results WHERE run_id = 'ev-uniform-s1' AND split = 'heldout' "
                        "AND policy_version = 1").to_pylist()[0]["n"]
-    assert again == before.heldout_prompts  # the comparison's own evaluation is reported, not landed again
+    assert again == 2 * before.heldout_prompts  # landed twice (stage eval-v1), counted once
     after = build(store, "ev", planned, ["ext"])
     assert [f.at for f in after.arms] == [f.at for f in before.arms]
 
