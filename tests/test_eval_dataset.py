@@ -139,10 +139,10 @@ def test_a_token_budget_stops_the_run_and_a_larger_one_resumes_it(prefect_api, s
         {"round": 0}, {"round": 1}]
 
 
-def test_a_version_evaluated_once_is_reported_in_later_rounds(prefect_api, store):
+def test_a_version_evaluated_once_is_reported_in_later_rounds(prefect_api, store, monkeypatch):
     """With training off the policy stays version 0: round 1's evaluate stage reports round 0's numbers instead
     of landing the same version again (a second identical row would count twice in SQL), and still lands, so
-    a resume skips it."""
+    a resume skips it. Sampled again anyway, the version gives the same samples: reporting loses nothing."""
     from flows.curriculum import curriculum
 
     out = curriculum(load_config(sets=SETS, run_id="same", store=store.root, rounds=2))
@@ -155,3 +155,12 @@ def test_a_version_evaluated_once_is_reported_in_later_rounds(prefect_api, store
     assert store.landed("same", 1, "evaluate")
     assert not any(r["stage"] == "evaluate" and r["round"] == 1 for r in sql(
         store, "SELECT stage, round FROM generated_tokens WHERE run_id = 'same'").to_pylist())  # nothing sampled
+    import tasks.evaluate
+    from flows.evaluate import evaluate
+
+    monkeypatch.setattr(tasks.evaluate, "landed_heldout", lambda *_: {})
+    evaluate(run_id="same", checkpoint=0, store=store.root)  # lands stage eval-v0 beside round 0's evaluate
+    per_prompt = sql(store, "SELECT prompt_id, n_correct, n_tokens FROM eval_results WHERE run_id = 'same' "
+                            "ORDER BY prompt_id, n_correct, n_tokens").to_pylist()
+    assert len(per_prompt) == 2 * evaluated[0]["prompts"]
+    assert per_prompt[0::2] == per_prompt[1::2] and any(r["n_correct"] for r in per_prompt)
