@@ -138,13 +138,18 @@ def stage_lines():
 def prepared_run(a: argparse.Namespace, early_server: bool = True):
     """`run`'s checked config and its flow, with Prefect's server up (started early: `early_prefect`)."""
     with early_prefect(a.store, a.verbose, early_server):
-        from flows.config import load_config, placed
+        from flows.config import load_config, placed, resumed_config
         from flows.preflight import validate_for_run
 
-        config = load_config(a.config, a.set, run_id=a.run_id, rounds=a.rounds, store=a.store)
+        stored = resumed_config(a.store, a.run_id)  # None for a new run
+        config = load_config(a.config, a.set, stored=stored, run_id=a.run_id, rounds=a.rounds, store=a.store)
         # run id (named in the hint below) and store filled in first: the flow validates the very same config,
         # so its own check is free
         config = placed(config)
+        if stored is not None:  # a resume: what the user gave differs from the stored run only where allowed
+            from flows.curriculum import check_resume
+
+            check_resume(config, stored)
         validate_for_run(config)  # sources, models, teacher, backend: before any flow starts
         from flows.curriculum import curriculum
     return config, curriculum

@@ -79,11 +79,14 @@ def prepare_comparison(arms: list[str], seeds: int, prefix: str, shared: list[st
     """Plan the runs and check every config and every prompt file in `datasets` (an external set,
     flows/evaluate.py) before the first run starts: a bad one is refused now, not after hours of runs. Nothing
     runs or lands here (`refinery compare` calls it while Prefect's server starts)."""
-    from flows.config import load_config
+    from flows.config import load_config, resumed_config
     from flows.preflight import validate_for_run
+    from storage.store import default_root
 
     runs = plan(arms, seeds, prefix, shared, extra)
-    configs = [load_config(config_path, sets=r.sets, run_id=r.run_id, rounds=rounds, store=store) for r in runs]
+    # a run that exists resumes from its stored config: a default changed since it started is no change
+    configs = [load_config(config_path, sets=r.sets, stored=resumed_config(store or default_root(), r.run_id),
+                           run_id=r.run_id, rounds=rounds, store=store) for r in runs]
     for c in configs:
         validate_for_run(c)
     if datasets:

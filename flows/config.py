@@ -103,8 +103,50 @@ def placed(config: RunConfig) -> RunConfig:
     return config.model_copy(update={"run_id": config.run_id or new_run_id(), "store": config.store or default_root()})
 
 
-def load_config(path: str | None = None, sets: list[str] = (), **overrides: Any) -> RunConfig:
-    """A RunConfig from an optional TOML file, `section.key=value` overrides and keyword overrides.
+def stored_base(stored: dict, model: type[Section] | None = None, prefix: str = "") -> tuple[dict, list[str]]:
+    """A run's stored config as the base tree of its resume, and the dotted paths of the fields it holds that
+    this version no longer has (dropped: the code cannot honour them; the resume records them). Fields added
+    since are absent from it, so they take today's defaults."""
+    model = model or RunConfig
+    tree, gone = {}, []
+    for key, value in stored.items():
+        info = model.model_fields.get(key)
+        if info is None:
+            gone.append(f"{prefix}{key}")
+            continue
+        sub = info.annotation
+        if isinstance(value, dict) and isinstance(sub, type) and issubclass(sub, Section):
+            tree[key], more = stored_base(value, sub, f"{prefix}{key}.")
+            gone += more
+        else:
+            tree[key] = value
+    return tree, gone
+
+
+def resumed_config(store_uri: str, run_id: str | None) -> dict | None:
+    """The stored config of run `run_id` when it exists in the store at `store_uri` (a resume takes it as its
+    base: `load_config(stored=...)`), else None."""
+    if not run_id:
+        return None
+    from storage.runs import stored_config
+    from storage.store import Store
+
+    return stored_config(Store(store_uri), run_id)
+
+
+def _merge(base: dict, top: dict) -> dict:
+    """`top` over `base`, section by section (a list or a value replaces the stored one whole)."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | None = None, sets: list[str] = (), stored: dict | None = None,
+                **overrides: Any) -> RunConfig:
+    """A RunConfig from an optional TOML file, `section.key=value` overrides and keyword overrides, over
+    `stored` (a resumed run's stored config: what the user does not give keeps the run's own value, so a
+    default changed since the run started never reads as a change; `stored_base`), else over the defaults.
     Raises ValueError naming each bad field."""
     tree: dict = {}
     if path:
@@ -126,10 +168,13 @@ def load_config(path: str | None = None, sets: list[str] = (), **overrides: Any)
             raise ValueError(f"--set {item!r}: expected section.key=value")
         _set(tree, *item.split("=", 1))
     tree.update({k: v for k, v in overrides.items() if v is not None})
+    if stored is not None:
+        tree = _merge(stored_base(stored)[0], tree)
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as e:
-        raise ValueError(f"invalid config: {validation_problems(e)}") from None
+        where = f"run {tree.get('run_id')}'s stored config with the given changes" if stored is not None else "config"
+        raise ValueError(f"invalid {where}: {validation_problems(e)}") from None
 
 
 def field_path(loc: tuple) -> str:

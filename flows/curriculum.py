@@ -27,7 +27,7 @@ import time
 import polars as pl
 from prefect import flow
 
-from flows.config import RunConfig, placed
+from flows.config import RunConfig, placed, stored_base
 from flows.errors import reason as failure_reason
 from flows.preflight import validate_for_run
 from models.checkpoints import policy_for_round
@@ -76,25 +76,59 @@ def _leaves(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def check_resume(config: RunConfig, previous: dict) -> str | None:
-    """Refuse resuming with a changed field that decides landed data (naming it); for changed fields in
-    _RESUMABLE, return the line recorded on the resumed row ("resumed with changed refine.teacher: a -> b").
-
-    `previous` (the stored config) is read through RunConfig when it still validates, so a field added
-    since the run started takes its default instead of reading as a change; one that no longer validates
-    (a field since removed or renamed) is compared as stored."""
+def _before(previous: dict) -> tuple[dict, list[str]]:
+    """The stored config as leaves to compare with, and the fields it holds that this version no longer has.
+    It is read through RunConfig when it still validates, so a field added since the run started takes its
+    default instead of reading as a change; one that no longer validates is compared as stored."""
+    base, gone = stored_base(previous)
     try:
-        previous = RunConfig.model_validate(previous).model_dump(mode="json")
+        base = RunConfig.model_validate(base).model_dump(mode="json")
     except ValueError:  # pydantic's ValidationError is a ValueError
         pass
-    now, before = _leaves(config.model_dump(mode="json")), _leaves(previous)
+    return _leaves(base), gone
+
+
+def check_resume(config: RunConfig, previous: dict) -> str | None:
+    """Refuse resuming with a changed field that decides landed data (naming it); for changed fields in
+    _RESUMABLE, and stored fields this version no longer has (dropped: nothing can honour them), return the
+    line recorded on the resumed row ("resumed with changed refine.teacher: a -> b")."""
+    before, gone = _before(previous)
+    now = _leaves(config.model_dump(mode="json"))
     changed = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
     refused = [k for k in changed if k not in _RESUMABLE]
     if refused:
         raise ValueError(f"run {config.run_id} already exists with a different config (differs in: "
                          f"{', '.join(refused)}); resume it with the same config, or choose a new --run-id")
     noted = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in changed if k not in _UNRECORDED]
-    return f"resumed with changed {'; '.join(noted)}" if noted else None
+    parts = ([f"with changed {'; '.join(noted)}"] if noted else []) + \
+        ([f"without {', '.join(gone)} (no longer a config field)"] if gone else [])
+    return f"resumed {', and '.join(parts)}" if parts else None
+
+
+def keep_stored(config: RunConfig, previous: dict) -> RunConfig:
+    """`config` with the run's stored value wherever it holds today's default and the run stored another value
+    in a field that decides landed data: a changed default never blocks a resume. The CLI already resumes from
+    the stored config (flows/config.py `load_config(stored=...)`), and refuses a field the user gives with
+    another value; this is for runs started from the UI form or a deployment, which pass every field, so a
+    value equal to the default cannot be told from one left alone."""
+    before, _ = _before(previous)
+    now = _leaves(config.model_dump(mode="json"))
+    defaults = _leaves(RunConfig().model_dump(mode="json"))
+    keep = {k: before[k] for k in now.keys() & before.keys()
+            if k not in _RESUMABLE and now[k] != before[k] and now[k] == defaults.get(k)}
+    if not keep:
+        return config
+    tree = config.model_dump(mode="json")
+    for path, value in keep.items():
+        *sections, leaf = path.split(".")
+        node = tree
+        for name in sections:
+            node = node[name]
+        node[leaf] = value
+    try:
+        return RunConfig.model_validate(tree)
+    except ValueError:  # a stored value today's schema refuses: check_resume names the field
+        return config
 
 
 @flow(name="curriculum")
@@ -113,6 +147,8 @@ def curriculum(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 (a pydant
 
 def _rounds(config: RunConfig, store: Store) -> dict:
     previous = stored_config(store, config.run_id)
+    if previous is not None:
+        config = keep_stored(config, previous)
     changes = check_resume(config, previous) if previous is not None else None
     status = mark(store, config.run_id, "running", config.model_dump(mode="json"), reason=changes)
     stages: list[dict] = []
