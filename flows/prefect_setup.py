@@ -36,6 +36,12 @@ def prepare_prefect(store_uri: str, verbose: bool, console: bool = False, server
     os.environ["PREFECT_HOME"] = str(prefect_home(store_uri))
     if make_home:
         Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    else:
+        # Prefect's import tries to make its home (one level, no parents) and warns on stderr when it cannot,
+        # as for the home of a store that does not exist yet: made after the command's checks instead
+        import warnings
+
+        warnings.filterwarnings("ignore", message="Failed to create the Prefect home directory", category=UserWarning)
     if server and make_home:
         seed_database(Path(os.environ["PREFECT_HOME"]))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

@@ -82,6 +82,18 @@ def test_config_pointing_at_a_folder(tmp_path):
     assert not (tmp_path / "store").exists()
 
 
+@pytest.mark.parametrize("args", [["--config", "."], ["--set", "model.policy=some-org/some-model"]],
+                         ids=["config-folder", "offline-hub-id"])
+def test_a_refused_run_on_a_machine_without_prefect_s_migrated_database(tmp_path, args):
+    """On a machine's first run (no migrated Prefect database in the cache yet) the command checks its input
+    before making Prefect's home; Prefect's import, which tries to make that home and cannot (the store does
+    not exist), used to add its warning to the error line. Earlier tests in the same worker had made the
+    cache, so the test's outcome depended on the order the tests ran in; here the cache is empty on purpose."""
+    p = refinery("run", *args, "--store", "store", cwd=tmp_path, env={"REFINERY_CACHE": str(tmp_path / "cache")})
+    assert_one_line_error(p)
+    assert not (tmp_path / "store").exists()
+
+
 def test_store_that_is_a_file(tmp_path):
     (tmp_path / "afile").write_text("not a store")
     for args in (["sql", "SELECT 1"], ["ingest", "rg:products"], ["run"]):
