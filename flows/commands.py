@@ -90,12 +90,16 @@ def cmd_import(a: argparse.Namespace) -> int:
 
     if not re.fullmatch(RUN_ID, a.run_id):
         raise CliError(f"--run-id {a.run_id!r}: letters, digits, '_', '.' and '-', starting with a letter or digit")
-    prepare_prefect(a.store, a.verbose, server=False)  # tasks.ingest imports prefect
+    # the settings only: the dump, the tokenizer and the digest are checked before anything (a Prefect home
+    # included) is made, so a refused import leaves the store as it was, or absent
+    prepare_prefect(a.store, a.verbose, server=False, make_home=False)
     from storage.store import Store
-    from tasks.import_run import import_dump
+    from tasks.import_run import land_import, prepare_import
 
-    summary = import_dump(Store(a.store), a.format, a.path, a.run_id, correct_at=a.correct_at, tokenizer=a.tokenizer,
-                          skip_invalid=a.skip_invalid, reward_column=a.reward_column)
+    prepared = prepare_import(a.format, a.path, correct_at=a.correct_at, tokenizer=a.tokenizer,
+                              skip_invalid=a.skip_invalid, reward_column=a.reward_column)
+    prepare_prefect(a.store, a.verbose, server=False)  # landing imports tasks.ingest, which imports Prefect
+    summary = land_import(Store(a.store), prepared, a.run_id)
     for line in summary.skipped_rows:
         print(f"skipped {line}", file=sys.stderr)
     print(summary)

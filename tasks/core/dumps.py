@@ -24,10 +24,16 @@ own writers (cited per reader; the fixtures in tests/test_import.py are written 
 - `plain`: a .jsonl or .parquet of `prompt`, `completion`, `reward` and optional `step` (default 0), `group`
   and `answer`; a prompt may be a string or chat messages (`[{role, content}, ...]`, joined as
   "role: content" lines).
+
+A reward must be a finite number no larger than `MAX_REWARD` in size: 1e308 is finite, but a group's mean and
+variance over it overflow, and EPS and `std_reward` would land NaN. A dump is identified by its content,
+not its path: `dump_digest` hashes the files its reader reads (their paths relative to the dump, and their
+bytes), so the same dump under another path or as a copy is the same dump, and an edited one is not.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -38,6 +44,15 @@ from typing import Any
 from tasks.core.sources import BadRow, read_jsonl
 
 FORMATS = ("verl", "trl", "prime-rl", "plain")
+MAX_REWARD = 1e15  # far beyond any verifier's score, far below where a group's sums of squares overflow
+
+
+class DumpRejected(ValueError):
+    """A dump had bad rows and --skip-invalid was not given; nothing was written."""
+
+    def __init__(self, path: str, bad: list[BadRow]):
+        self.bad = bad
+        super().__init__(f"{path}: rejected, {len(bad)} bad row(s), nothing written:\n" + "\n".join(map(str, bad)))
 
 
 @dataclass(frozen=True)
@@ -83,9 +98,10 @@ def _objects(f: Path, bad: list[BadRow]):
 
 
 def _reward(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+    """`v` as a reward, or None: not a number, not finite, or beyond ±MAX_REWARD (an int of any size too)."""
+    if isinstance(v, bool) or not isinstance(v, int | float) or isinstance(v, float) and not math.isfinite(v):
         return None
-    return float(v)
+    return float(v) if abs(v) <= MAX_REWARD else None
 
 
 def _text(v: Any) -> str | None:
@@ -103,7 +119,10 @@ def _check(prompt: object, completion: object, reward: object, step: object) -> 
     if not isinstance(completion, str):
         return "completion missing or not a string"
     if _reward(reward) is None:
-        return f"reward {reward!r} is not a finite number"
+        finite = isinstance(reward, int | float) and not isinstance(reward, bool) and (
+            isinstance(reward, int) or math.isfinite(reward))
+        shown = repr(reward) if len(repr(reward)) <= 30 else f"{repr(reward)[:12]}... ({len(repr(reward))} digits)"
+        return f"reward {shown} is beyond ±{MAX_REWARD:g}" if finite else f"reward {shown} is not a finite number"
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         return f"step {step!r} is not a non-negative integer"
     return None
@@ -111,7 +130,7 @@ def _check(prompt: object, completion: object, reward: object, step: object) -> 
 
 def read_verl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
     rows, bad = [], []
-    for f in _files(path, "*.jsonl"):
+    for f in dump_files("verl", path):
         stem_step = int(f.stem) if f.stem.isdigit() else None
         for n, obj in _objects(f, bad):
             step = obj.get("step", stem_step)
@@ -134,7 +153,7 @@ def read_trl(path: str, reward_column: str | None = None) -> tuple[list[DumpRow]
     import pyarrow.parquet as pq
 
     rows, bad = [], []
-    for f in _files(path, "completions_*.parquet"):
+    for f in dump_files("trl", path):
         try:
             t = pq.read_table(f)
         except Exception as e:  # noqa: BLE001 (any unreadable file is one bad row naming it)
@@ -151,7 +170,8 @@ def read_trl(path: str, reward_column: str | None = None) -> tuple[list[DumpRow]
         for n, r in enumerate(t.to_pylist(), 1):
             parts = [r[c] for c in rewards]
             missing = [v is None or (isinstance(v, float) and math.isnan(v)) for v in parts]
-            total = None if all(missing) or not all(m or _reward(v) is not None for m, v in zip(missing, parts)) \
+            wrong = [v for m, v in zip(missing, parts) if not m and _reward(v) is None]  # inf, 1e308: named
+            total = None if all(missing) else wrong[0] if wrong \
                 else sum(v for m, v in zip(missing, parts) if not m)  # every reward NaN: TRL could not score it
             problem = _check(r["prompt"], r["completion"], total, r["step"])
             if problem is not None:
@@ -166,13 +186,17 @@ def read_trl(path: str, reward_column: str | None = None) -> tuple[list[DumpRow]
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-def read_prime_rl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
-    rows, bad = [], []
+def _prime_rl_files(path: str) -> list[Path]:
     files = _files(path, "traces.jsonl")
     if Path(path).is_dir():  # everything generated for training, not the trained-on subset or evaluations
         files = ([f for f in files if f.parent.name == "all" and f.parent.parent.name == "train"]
                  or [f for f in files if f.parent.name == "all"] or files)  # `effective` repeats part of `all`
-    for f in files:
+    return files
+
+
+def read_prime_rl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
+    rows, bad = [], []
+    for f in _prime_rl_files(path):
         folder_step = next((int(m.group(1)) for p in f.parents if (m := _STEP_DIR.match(p.name))), None)
         for n, ep in _objects(f, bad):
             try:
@@ -211,10 +235,17 @@ def read_prime_rl(path: str) -> tuple[list[DumpRow], list[BadRow]]:
     return rows, bad
 
 
-def read_plain(path: str) -> tuple[list[DumpRow], list[BadRow]]:
-    p, rows, bad = Path(path), [], []
+def _plain_file(path: str) -> list[Path]:
+    p = Path(path)
     if not p.is_file():
         raise ValueError(f"{path}: no such file")
+    if p.suffix not in (".jsonl", ".parquet"):
+        raise ValueError(f"{path}: a plain dump is a .jsonl or .parquet file")
+    return [p]
+
+
+def read_plain(path: str) -> tuple[list[DumpRow], list[BadRow]]:
+    (p,), rows, bad = _plain_file(path), [], []
     if p.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -222,10 +253,8 @@ def read_plain(path: str) -> tuple[list[DumpRow], list[BadRow]]:
             records = list(enumerate(pq.read_table(p).to_pylist(), 1))
         except Exception as e:  # noqa: BLE001 (an unreadable file is one error naming it)
             raise ValueError(f"{path}: not a readable Parquet file ({type(e).__name__})") from None
-    elif p.suffix == ".jsonl":
-        records = list(_objects(p, bad))
     else:
-        raise ValueError(f"{path}: a plain dump is a .jsonl or .parquet file")
+        records = list(_objects(p, bad))
     for n, r in records:
         problem = _check(r.get("prompt"), r.get("completion"), r.get("reward"), r.get("step", 0))
         if problem is None and r.get("group") is not None and not isinstance(r["group"], str | int):
@@ -252,3 +281,32 @@ def read_dump(fmt: str, path: str, reward_column: str | None = None) -> tuple[li
     if fmt == "plain":
         return read_plain(path)
     raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+
+
+def dump_files(fmt: str, path: str) -> list[Path]:
+    """The files the reader of `fmt` reads from `path`, sorted (a prime-rl folder's `train/all` only)."""
+    if fmt == "prime-rl":
+        return _prime_rl_files(path)
+    if fmt == "plain":
+        return _plain_file(path)
+    patterns = {"verl": "*.jsonl", "trl": "completions_*.parquet"}
+    if fmt not in patterns:
+        raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return _files(path, patterns[fmt])
+
+
+def dump_digest(fmt: str, path: str, chunk: int = 1 << 20) -> str:
+    """sha256 over the files `fmt`'s reader reads at `path`: each one's path relative to the dump folder (empty
+    for a dump that is one file, so a renamed copy is the same dump), its size and its bytes, streamed."""
+    h = hashlib.sha256()
+    for f in sorted(dump_files(fmt, path), key=lambda f: _relative(f, path)):
+        name = _relative(f, path).encode()
+        h.update(len(name).to_bytes(8, "big") + name + f.stat().st_size.to_bytes(8, "big"))
+        with f.open("rb") as stream:
+            while block := stream.read(chunk):
+                h.update(block)
+    return h.hexdigest()
+
+
+def _relative(f: Path, path: str) -> str:
+    return f.relative_to(path).as_posix() if Path(path).is_dir() else ""
