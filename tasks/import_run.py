@@ -131,6 +131,18 @@ def _refusal(store: Store, run_id: str, stored: dict, config: dict) -> str | Non
             "new --run-id") if differs else None
 
 
+def _json_safe(value):
+    """`value` with every float that is not finite (a TRL reward column no function scored is NaN) as None:
+    `augmentation` is JSON, and JSON has no NaN (DuckDB's json functions refuse the `NaN` token)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def land_import(store: Store, prepared: PreparedImport, run_id: str) -> ImportSummary:
     """Land a prepared import as run `run_id`, under the run lock: refused, untouched, if the run id is taken
     by another run or dump; a resume skips the rounds that landed (module docstring)."""
@@ -139,9 +151,10 @@ def land_import(store: Store, prepared: PreparedImport, run_id: str) -> ImportSu
     fmt, rows, config = prepared.fmt, prepared.rows, prepared.config
     source = f"import:{fmt}"
     ids = [prompt_id(r.prompt, r.answer, source) for r in rows]
-    augmentation = [json.dumps({"import": {"format": fmt, "step": r.step, "file": r.file, "line": r.line,
-                                           **({"group": r.group} if r.group is not None else {}),
-                                           **({"extra": r.extra} if r.extra else {})}}, sort_keys=True, default=str)
+    augmentation = [json.dumps(_json_safe({"import": {"format": fmt, "step": r.step, "file": r.file, "line": r.line,
+                                                      **({"group": r.group} if r.group is not None else {}),
+                                                      **({"extra": r.extra} if r.extra else {})}}),
+                               sort_keys=True, default=str, allow_nan=False)
                     for r in rows]
     rollouts = pl.DataFrame({
         "prompt_id": ids, "step": [r.step for r in rows], "prompt_text": [r.prompt for r in rows],

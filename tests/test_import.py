@@ -106,6 +106,9 @@ def test_a_trainer_dump_becomes_a_run_with_buckets_per_step_and_a_report(store, 
                         "avg(reward) AS r FROM rollouts WHERE run_id = 'ext' GROUP BY ALL ORDER BY ALL").to_pylist()
     assert len(groups) == 6 and all(g["n"] == 4 and g["idx"] == [0, 1, 2, 3] for g in groups)
     assert sorted(g["r"] for g in groups if g["round"] == 1) == [0.0, 0.75, 1.0]  # step 2: 3 of 4 right
+    # every augmentation is JSON, also where the dump holds a NaN (TRL's format_reward of its first row)
+    assert sql(store, "SELECT bool_and(json_valid(augmentation)) AS ok FROM rollouts WHERE run_id = 'ext'"
+               ).to_pylist() == [{"ok": True}]
     steps = sql(store, "SELECT DISTINCT round, json_extract(augmentation, '$.import.step')::INT AS step "
                        "FROM rollouts WHERE run_id = 'ext' ORDER BY round").to_pylist()
     assert [s["step"] for s in steps] == ([10, 20] if fmt == "trl" else [1, 2])
