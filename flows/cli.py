@@ -124,7 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = sub.add_parser("sql", parents=[common], help="read-only SQL over the store's views")
     q.add_argument("query")
-    q.add_argument("--format", choices=["table", "csv", "json"], default="table")
+    q.add_argument("--format", choices=["table", "csv", "json"], default="table", help="table (at most --limit "
+                   "rows), csv or json (every row; JSON's NaN is null)")
+    q.add_argument("--limit", type=int, default=None, metavar="N", help="print at most N rows (default: 1000 for "
+                   "the table, all for csv and json; 0: all)")
+    q.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS", help="stop a query that runs longer "
+                   "(default 60; 0: no limit)")
     q.set_defaults(func=cmd_sql)
 
     c = sub.add_parser("catalog", parents=[common], help="write <store>/catalog.duckdb with the same views")
@@ -200,7 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("refinery: error: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:
+    except BrokenPipeError:  # the reader went away (`refinery sql ... | head`): what it wanted, it has
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error as Python flushes stdout
+        return 0
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:  # an Exception, or a Rust panic from a library (pyo3's PanicException is not one)
         from flows.errors import is_user_facing, one_line
 
         if _debug(args):

@@ -1,7 +1,8 @@
-"""The `refinery` commands that only read the store: sql, catalog, lineage and export, and the output formats.
+"""The `refinery` commands that only read the store: sql, catalog, lineage and export.
 
 None of them starts Prefect. `export` writes a run's curriculum as a Parquet file outside the store
-(tasks/export_run.py). `sql` goes through the confined, read-only SQL of storage/query.py; `catalog`
+(tasks/export_run.py). `sql` goes through the confined, read-only SQL of storage/query.py, printed by
+flows/sql_output.py (a table, CSV or JSON; every DuckDB type prints); `catalog`
 writes catalog.duckdb for the stock duckdb CLI; `lineage` prints a prompt's ancestors and descendants with
 their per-round scores and latest pool status, as a tree (rich) or as JSON.
 """
@@ -9,34 +10,22 @@ their per-round scores and latest pool status, as a tree (rich) or as JSON.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shlex
 
 
-def format_table(t, fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(t.to_pylist(), default=str, ensure_ascii=False, indent=1)
-    if fmt == "csv":
-        import csv
-
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(t.column_names)
-        w.writerows(tuple(r.values()) for r in t.to_pylist())
-        return buf.getvalue().rstrip("\n")
-    import polars as pl
-
-    with pl.Config(tbl_rows=-1, tbl_cols=-1, fmt_str_lengths=100, tbl_hide_dataframe_shape=True):
-        return str(pl.from_arrow(t)) + f"\n({t.num_rows} rows)"
-
-
 def cmd_sql(a: argparse.Namespace) -> int:
-    from storage.query import sql
+    from flows.sql_output import write_result
+    from storage.query import query_batches
     from storage.store import Store
 
-    print(format_table(sql(Store(a.store), a.query), a.format))
+    if a.limit is not None and a.limit < 0:
+        raise ValueError(f"--limit {a.limit}: a number of rows, at least 0 (0: all)")
+    if a.timeout < 0:
+        raise ValueError(f"--timeout {a.timeout:g}: seconds, at least 0 (0: no limit)")
+    with query_batches(Store(a.store), a.query, timeout_s=a.timeout or None) as result:
+        write_result(result, a.format, a.limit)
     return 0
 
 
