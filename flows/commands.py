@@ -58,6 +58,9 @@ def _check_ingest_source(source: str, params: dict) -> None:
         raise CliError(f"{source}: no such file", hint="a source is rg:<reasoning-gym task> or a .jsonl/.parquet file")
     if not path.is_file():
         raise CliError(f"{source} is a folder, not a .jsonl or .parquet file")
+    if path.suffix.lower() not in (".jsonl", ".parquet"):
+        raise CliError(f"{source}: unsupported file type {path.suffix.lower() or '(none)'!r}; use .jsonl or "
+                       ".parquet", hint="or rg:<reasoning-gym task>")
     if path.suffix.lower() == ".jsonl" and not _has_text(path):
         raise CliError(f"{source}: no rows (the file is empty or holds only blank lines)")
 

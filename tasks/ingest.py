@@ -86,6 +86,8 @@ def prompts_table(rows: list[SourceRow]) -> pa.Table:
 def commit_prompts(store: Store, rows: list[SourceRow]) -> tuple[int, int, str | None]:
     """Land the rows whose prompt_id is not yet in the store. Returns (new, already_present, stage)."""
     unique = list({r.prompt_id: r for r in rows}.values())
+    if not unique:  # every row was invalid and skipped: nothing to land, no stage
+        return 0, 0, None
     with store.lock("prompts"):
         existing = scan(store, "prompts").select("prompt_id").collect()["prompt_id"].to_arrow()
         table = prompts_table(unique)

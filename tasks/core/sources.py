@@ -6,6 +6,7 @@ missing"); the caller decides whether one bad row rejects the file (the default)
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import json
 import math
@@ -120,7 +121,7 @@ def validate_record(rec: Any, source: str, limits: Limits) -> SourceRow:
     if isinstance(meta, str):  # Parquet files usually carry meta as a JSON string column
         try:
             meta = json.loads(meta)
-        except json.JSONDecodeError:
+        except ValueError:  # not JSON, or a number over the 4,300-digit limit
             raise ValueError("field 'meta' is a string but not valid JSON") from None
     if meta is not None:
         if not isinstance(meta, dict):
@@ -168,9 +169,12 @@ def validate_records(
 
 # ---- files ----------------------------------------------------------------------------------------------
 def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], list[BadRow]]:
-    """Parse a JSONL file line by line, keeping undecodable or unparsable lines as BadRows."""
+    """Parse a JSONL file line by line, keeping undecodable or unparsable lines as BadRows. A UTF-8 byte order
+    mark at the start (Windows editors write one) is skipped; a number over Python's 4,300-digit limit makes
+    its line bad, not the file."""
     records, bad = [], []
-    for i, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+    data = path.read_bytes()
+    for i, raw in enumerate(data.removeprefix(codecs.BOM_UTF8).split(b"\n"), start=1):
         if not raw.strip():
             continue
         try:
@@ -182,6 +186,8 @@ def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], list[BadRow]]:
             records.append((i, json.loads(text)))
         except json.JSONDecodeError as e:
             bad.append(BadRow(path.name, i, f"not valid JSON: {e.msg} at column {e.colno}"))
+        except ValueError as e:  # int(): "Exceeds the limit (4300 digits) for integer string conversion"
+            bad.append(BadRow(path.name, i, f"a number too long to read ({str(e).split(';')[0]})"))
     return records, bad
 
 
