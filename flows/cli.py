@@ -18,7 +18,9 @@ ERROR records carry the same traceback again (its API log handler still feeds th
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import stat
 import sys
 
 from flows.commands import (
@@ -37,7 +39,8 @@ from flows.run_summary import print_summary, try_command
 
 __all__ = ["CliError", "build_parser", "check_store", "main", "print_summary", "try_command"]
 
-READ_COMMANDS = ("sql", "lineage", "report", "eval", "catalog", "rescore", "export")  # refused on a store that is not there
+# refused on a store that does not exist or has no _landed/; the others may make one (not in memory://)
+READ_COMMANDS = ("sql", "lineage", "report", "eval", "catalog", "rescore", "export")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -172,14 +175,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_store(command: str, uri: str) -> None:
-    """Refuse a store root that is a file, and (for a read command) one that does not exist, before
-    anything creates it: a read of a missing store would otherwise print zero rows and leave a new folder."""
+    """Refuse a store argument that cannot be one, before anything creates it: empty, `memory://` (gone when
+    the command ends), a path that is a file, a FIFO, a device or a symbolic link loop; and for a read command
+    one that does not exist or holds no Refinery data (no `_landed/`): a read would otherwise print zero rows
+    and leave a new folder."""
     from storage.store import Store
 
     origin = " (from $REFINERY_STORE)" if os.environ.get("REFINERY_STORE") == uri else ""
+    if not uri.strip():
+        raise CliError("--store is empty", hint="name a folder or an fsspec URI (default: $REFINERY_STORE, else "
+                       "./refinery-store)")
+    if uri.startswith("memory://"):
+        raise CliError(f"store {uri}{origin}: a memory:// store lives only as long as this command, so what it "
+                       "lands is gone when it ends", hint="use a folder or an object store URI (s3://...)")
+    if "://" not in uri or uri.startswith("file://"):
+        _check_local_kind(uri.removeprefix("file://"), f"store {uri}{origin}")
     store = Store(uri)
     try:
         is_dir, exists = store.fs.isdir(store.root), store.fs.exists(store.root)
+        holds_data = command in READ_COMMANDS and is_dir and store.fs.exists(store.path("_landed"))
     except Exception as e:  # an unreachable remote store: say which, in one line
         from flows.errors import one_line
 
@@ -190,6 +204,27 @@ def check_store(command: str, uri: str) -> None:
     if command in READ_COMMANDS and not exists:
         raise CliError(f"store {uri}{origin} does not exist; nothing to read",
                        hint="create it with `refinery ingest` or `refinery run`, or point --store at an existing one")
+    if command in READ_COMMANDS and not holds_data:
+        raise CliError(f"store {uri}{origin} is not a Refinery store: it has no _landed/ folder, so nothing to read",
+                       hint="point --store at a store, or land data in this one with `refinery ingest` or `refinery run`")
+
+
+def _check_local_kind(path: str, what: str) -> None:
+    """A local store path that exists as something other than a folder or a file, or loops, named as such."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise CliError(f"{what} is a symbolic link loop", hint="point --store at a folder") from None
+        raise CliError(f"{what} cannot be read: {e.strerror}") from None
+    kinds = {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
+             stat.S_ISSOCK: "a socket"}
+    for test, kind in kinds.items():
+        if test(mode):
+            raise CliError(f"{what} is {kind}, not a folder", hint="point --store or $REFINERY_STORE at a folder "
+                           "(a new one is created by ingest or run)")
 
 
 def _debug(args: argparse.Namespace) -> bool:

@@ -52,6 +52,7 @@ from filelock import FileLock
 from fsspec.implementations.local import LocalFileSystem
 
 from storage.cleanup import FOREIGN_TMP_TTL_S, remove_debris
+from storage.integrity import check_files
 from storage.records import NO_ROUND, NO_RUN, partition, read_record, record_path, scan_records
 from storage.schemas import conform, schema
 
@@ -321,11 +322,16 @@ class Store:
         return scan_records(self.fs, self.root)
 
     def files(self, table: str, records: list[dict] | None = None) -> list[str]:
-        """The data files of `table` that belong to landed stages (full paths or URIs)."""
-        schema(table)  # an unknown table is refused there, naming the store's tables
+        """The data files of `table` that belong to landed stages (full paths or URIs). In a local store each
+        is checked to be a regular Parquet file of the table (storage/integrity.py): a symbolic link, an
+        unreadable file or one of another schema raises DamagedStore, naming it."""
+        expected = schema(table)  # an unknown table is refused there, naming the store's tables
         recs = self.records() if records is None else records
         rels = sorted(p for r in recs if table in r["tables"] for p in r["tables"][table]["paths"])
-        return [self.full(rel) for rel in rels]
+        files = [self.full(rel) for rel in rels]
+        if self.local:
+            check_files(self.root, table, files, expected)
+        return files
 
     def full(self, rel: str) -> str:
         if self.local:
