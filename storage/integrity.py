@@ -12,7 +12,9 @@ reader opens a table's landed files (`Store.files`), each is checked once per pr
 Any failure is a `DamagedStore` (a ValueError: one line, naming the file relative to the store and what to do).
 Choices: the footers of a table's files are read in parallel threads the first time they are listed in a
 process, then remembered by (path, size, mtime, inode), so a run that lists the same files at every stage pays
-once; about 0.25 s for 1,000 files on 2 cores. Object stores (s3:// ...) are not checked: they have no
+once; about 0.25 s for 1,000 files on 2 cores, and `refinery sql` lists only the tables its query names
+(storage/query.py `referenced_tables`): `SELECT count(*) FROM rollouts` over the 979-file evidence store takes
+1.14x the time it took without the check (0.73 s against 0.64 s, 7 paired runs). Object stores (s3:// ...) are not checked: they have no
 symbolic links, and a footer read there is a request per file.
 """
 

@@ -152,9 +152,21 @@ def sql_limits() -> dict[str, str | int]:
     return {"memory_limit": memory, "threads": int(threads)}
 
 
-def confined_connection(store: Store) -> duckdb.DuckDBPyConnection:
+def referenced_tables(query: str) -> set[str] | None:
+    """The store tables `query` names (DuckDB's own parse), or None when that cannot be told (DuckDB binds
+    some queries to answer, which fails without the tables): then every table counts as named."""
+    try:
+        with duckdb.connect() as scratch:
+            return {name.lower() for name in scratch.get_table_names(query)} & set(TABLES)
+    except duckdb.Error:
+        return None
+
+
+def confined_connection(store: Store, tables: set[str] | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory connection with one view per table over the landed data, which can touch no file, within
-    `sql_limits`."""
+    `sql_limits`. Only `tables` (default: all) are read from the store, each landed file checked
+    (storage/integrity.py); the others are empty tables of their schema, so that a query's name for them still
+    binds (SHOW TABLES, a "Did you mean" for a typo) without listing or checking their files."""
     con = duckdb.connect(config={
         "enable_external_access": False,
         "autoinstall_known_extensions": False,
@@ -167,7 +179,8 @@ def confined_connection(store: Store) -> duckdb.DuckDBPyConnection:
         con.execute("SET disabled_filesystems = 'LocalFileSystem'")  # only settable once the database runs
         records = store.records()
         for table in TABLES:
-            con.register(table, _dataset(store, table, records))
+            read = tables is None or table in tables
+            con.register(table, _dataset(store, table, records) if read else schema(table).empty_table())
         con.execute("SET lock_configuration = true")
     except BaseException:
         con.close()
@@ -202,7 +215,7 @@ def query_batches(store: Store, query: str, timeout_s: float | None = None, text
     interrupted once it has run `timeout_s` seconds (fetching included). Every failure is a one-line
     QueryRefused or QueryError, as in `sql`."""
     check_read_only(query)
-    con = confined_connection(store)
+    con = confined_connection(store, referenced_tables(query))
     timer = threading.Timer(timeout_s, con.interrupt) if timeout_s else None
     if timer is not None:
         timer.daemon = True
