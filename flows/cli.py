@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--dataset", action="append", default=[], metavar="FILE",
                     help="an external prompt file (.jsonl/.parquet, the ingest schema) that scores every run's "
                     "last checkpoint (and the base model once); repeat for more")
+    cp.add_argument("--allow-mixed", action="store_true", help="compare runs made by different commits or by "
+                    "code with uncommitted changes (refused otherwise; the summary then says so first)")
     cp.set_defaults(func=cmd_compare)
 
     i = sub.add_parser("ingest", parents=[common], help="validate and load prompts from a source")
@@ -218,6 +220,9 @@ def _check_local_kind(path: str, what: str) -> None:
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise CliError(f"{what} is a symbolic link loop", hint="point --store at a folder") from None
+        if e.errno == errno.ENOTDIR:
+            raise CliError(f"{what} cannot be a folder: a folder on its path is a file",
+                           hint="point --store at a folder") from None
         raise CliError(f"{what} cannot be read: {e.strerror}") from None
     kinds = {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a character device", stat.S_ISBLK: "a block device",
              stat.S_ISSOCK: "a socket"}

@@ -212,7 +212,9 @@ def cmd_compare(a: argparse.Namespace) -> int:
         extra = {name: [*ARMS.get(name, []), *overrides] for name, overrides in extra.items()}
         arms = [x.strip() for x in a.arms.split(",") if x.strip()]
         comparison = prepare_comparison(arms, a.seeds, a.prefix, list(a.set), extra, a.rounds, a.store, a.config,
-                                        datasets=a.dataset)
+                                        datasets=a.dataset, allow_mixed=a.allow_mixed)
+    if comparison.mixed:
+        print(f"compare: WARNING: {comparison.mixed}", flush=True)
 
     def started(r) -> None:
         print(f"compare: {r.run_id} (arm {r.arm}, seed {r.seed})", flush=True)
@@ -228,7 +230,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from storage.store import Store
 
     planned = [run["planned"] for run in out]
-    for line in summary_lines(Store(a.store), planned) + matched_lines(Store(a.store), a.prefix, planned):
+    warning = [f"WARNING: {comparison.mixed}"] if comparison.mixed else []
+    for line in warning + summary_lines(Store(a.store), planned) + matched_lines(Store(a.store), a.prefix, planned):
         print(f"compare: {line}")
     return 0
 

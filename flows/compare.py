@@ -66,19 +66,66 @@ def plan(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dic
 
 @dataclass(frozen=True)
 class Comparison:
-    """A comparison's planned runs, each with its checked config, and the prompt files to score them on."""
+    """A comparison's planned runs, each with its checked config, the prompt files to score them on, and the
+    warning that its runs come from more than one commit or from code with uncommitted changes (None: one
+    clean commit; with `allow_mixed` only, else prepare_comparison refuses)."""
 
     runs: list[Planned]
     configs: list
     datasets: list[str]
+    mixed: str | None = None
+
+
+def code_of_runs(store, run_ids: list[str]) -> tuple[list[str], list[str]]:
+    """(the distinct commits, the runs made with uncommitted changes) over the rows where the runs started or
+    resumed work (storage/provenance.py); a row written before commits were recorded counts as `unrecorded`."""
+    import polars as pl
+
+    from storage.query import scan
+
+    rows = (scan(store, "runs").filter(pl.col("run_id").is_in(run_ids) & pl.col("status").is_in(["running", "resumed"]))
+            .select("run_id", "commit", "dirty").collect())
+    commits = sorted({c or "unrecorded" for c in rows["commit"].to_list()})
+    return commits, sorted(set(rows.filter(pl.col("dirty").fill_null(False))["run_id"].to_list()))
+
+
+def mixed_code(store, run_ids: list[str], runs_now: bool, allow_mixed: bool) -> str | None:
+    """None when the comparison's runs, and this code where `runs_now` (a planned run is unfinished), come from
+    one commit with no uncommitted changes; else one line saying what is mixed, which `allow_mixed` turns
+    from a refusal (ValueError) into the comparison's warning."""
+    from storage.provenance import code_version
+
+    commits, dirty = code_of_runs(store, run_ids)
+    now, now_dirty = code_version()
+    if runs_now:
+        commits = sorted({*commits, now})
+    problems = []
+    if "unrecorded" in commits:
+        problems.append("some runs were made before runs recorded their commit, so their code is unknown")
+    if len(commits) > 1:
+        problems.append(f"its runs come from {len(commits)} commits ({', '.join(c[:12] for c in commits)})")
+    if dirty:
+        problems.append(f"{len(dirty)} run(s) were made with uncommitted changes ({', '.join(dirty[:3])}"
+                        f"{' ...' if len(dirty) > 3 else ''})")
+    if runs_now and now_dirty:
+        problems.append(f"this code ({now[:12]}) has uncommitted changes")
+    if not problems:
+        return None
+    line = "mixed code: " + "; ".join(problems)
+    if not allow_mixed:
+        raise ValueError(f"{line}: a comparison describes one commit; commit (or stash) the changes, finish it at "
+                         "one commit or use another --prefix, or pass --allow-mixed")
+    return line
 
 
 def prepare_comparison(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dict[str, list[str]],
                        rounds: int | None, store: str | None, config_path: str | None = None,
-                       datasets: list[str] = ()) -> Comparison:
+                       datasets: list[str] = (), allow_mixed: bool = False) -> Comparison:
     """Plan the runs and check every config and every prompt file in `datasets` (an external set,
-    flows/evaluate.py) before the first run starts: a bad one is refused now, not after hours of runs. Nothing
-    runs or lands here (`refinery compare` calls it while Prefect's server starts)."""
+    flows/evaluate.py) before the first run starts: a bad one is refused now, not after hours of runs, and so
+    is a comparison whose runs would come from more than one commit or from uncommitted code (`mixed_code`)
+    unless `allow_mixed`. Nothing runs or lands here (`refinery compare` calls it while Prefect's server
+    starts)."""
     from flows.config import load_config, resumed_config
     from flows.preflight import validate_for_run
     from storage.store import default_root
@@ -89,6 +136,11 @@ def prepare_comparison(arms: list[str], seeds: int, prefix: str, shared: list[st
                            run_id=r.run_id, rounds=rounds, store=store) for r in runs]
     for c in configs:
         validate_for_run(c)
+    from storage.store import Store
+
+    ids = [r.run_id for r in runs]
+    unfinished = any(already_complete(c) is None for c in configs)
+    mixed = mixed_code(Store(configs[0].store), ids, unfinished, allow_mixed)
     if datasets:
         from flows.evaluate import dataset_prompts, refuse_other_file
         from storage.store import Store
@@ -101,7 +153,7 @@ def prepare_comparison(arms: list[str], seeds: int, prefix: str, shared: list[st
             names[name] = path
             refuse_other_file(Store(configs[0].store), [r.run_id for r in runs], name, set(frame["prompt_id"]),
                               "rename the file or use another --prefix")
-    return Comparison(runs, configs, list(datasets))
+    return Comparison(runs, configs, list(datasets), mixed)
 
 
 def run_comparison(comparison: Comparison, on_run=None) -> list[dict]:
@@ -125,10 +177,10 @@ def run_comparison(comparison: Comparison, on_run=None) -> list[dict]:
 
 def compare(arms: list[str], seeds: int, prefix: str, shared: list[str], extra: dict[str, list[str]],
             rounds: int | None, store: str | None, config_path: str | None = None, on_run=None,
-            datasets: list[str] = ()) -> list[dict]:
+            datasets: list[str] = (), allow_mixed: bool = False) -> list[dict]:
     """`prepare_comparison`, then `run_comparison`."""
     return run_comparison(prepare_comparison(arms, seeds, prefix, shared, extra, rounds, store, config_path,
-                                             datasets), on_run)
+                                             datasets, allow_mixed), on_run)
 
 
 def already_complete(config) -> dict | None:

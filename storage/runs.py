@@ -2,7 +2,8 @@
 
 `runs` has one row per status change of a run: running, resumed, completed, failed. A run's current status
 is its latest row, and each change is its own tiny stage, so it is atomic too. Each row records the host and
-PID of the process that wrote it.
+PID of the process that wrote it, and the commit of its code and whether that code had uncommitted changes
+(storage/provenance.py).
 
 The run lock keeps two processes (a CLI run, a deployment's flow run, a rescore) from working on the same
 run id at once. It is an OS file lock (`Store.lock`), so the kernel releases it when its holder dies, even
@@ -27,6 +28,7 @@ import pyarrow as pa
 from filelock import Timeout
 
 from storage import lease
+from storage.provenance import code_version
 from storage.query import scan
 from storage.store import Store
 
@@ -44,9 +46,11 @@ def run_rows(store: Store, run_id: str) -> pl.DataFrame:
 
 
 def _row(run_id: str, status: str, config: dict, reason: str | None = None) -> pa.Table:
+    commit, dirty = code_version()
     return pa.table({"run_id": [run_id], "created_at": [datetime.now(UTC)], "status": [status],
                      "config": [json.dumps(config, sort_keys=True)], "host": [socket.gethostname()],
-                     "pid": pa.array([os.getpid()], pa.int64()), "reason": pa.array([reason], pa.string())})
+                     "pid": pa.array([os.getpid()], pa.int64()), "reason": pa.array([reason], pa.string()),
+                     "commit": [commit], "dirty": pa.array([dirty], pa.bool_())})
 
 
 def mark(store: Store, run_id: str, status: str, config: dict, reason: str | None = None) -> str:

@@ -49,6 +49,10 @@ TABLES: dict[str, pa.Schema] = {
         _f("host", pa.string(), True),  # where the process that wrote the row ran
         _f("pid", pa.int64(), True),
         _f("reason", pa.string(), True),  # why a run is marked failed
+        # the code that wrote the row (storage/provenance.py): its git commit, and whether the code had
+        # uncommitted changes; null in rows written before they were recorded
+        _f("commit", pa.string(), True),
+        _f("dirty", pa.bool_(), True),
     ]),
     "prompts": pa.schema([
         _f("prompt_id", pa.string()),

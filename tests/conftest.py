@@ -9,6 +9,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+# the runs tests make record one clean commit (storage/provenance.py), so that a comparison of them is not refused
+# as mixed code while the working tree has uncommitted changes; tests of that refusal set their own
+os.environ.setdefault("REFINERY_CODE_VERSION", "tests")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two pytest workers on two cores: one compute thread each (and in the processes they
     # start), or torch's two threads per worker oversubscribe the cores and every tensor op slows many times
@@ -45,6 +48,23 @@ def prompt_rows(n: int, offset: int = 0, source: str = "test") -> pa.Table:
         "prompt_id": ids, "text": texts, "answer": answers, "source": [source] * n, "root_id": ids,
         "transform": ["original"] * n, "created_at": [dt.datetime(2026, 1, 1, tzinfo=dt.UTC)] * n,
     })
+
+
+def store_digest(root) -> str:
+    """sha256 over every file under a store folder, its path and bytes, except Prefect's own home (`.prefect/`:
+    its server writes its database as it runs) and the empty lock files (`.locks/`): equal before and after a
+    command means the command left the store as it found it."""
+    import hashlib
+
+    h = hashlib.sha256()
+    root = Path(root)
+    for path in sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(root)
+        if rel.parts[0] in (".prefect", ".locks"):
+            continue
+        h.update(str(rel).encode() + b"\0")
+        h.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+    return h.hexdigest()
 
 
 def run_python(code: str, env: dict | None = None, **kw):

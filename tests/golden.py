@@ -52,7 +52,7 @@ RUNS["resume"] = {"rounds": 2, "sets": [s for s in RUNS["scripted"]["sets"] if n
                  + ["train.enabled=false"]}
 
 # columns that measure time or name the store's location, per table (every table also drops created_at)
-VOLATILE = {"runs": {"config", "host", "pid"}, "train_steps": {"seconds"}, "checkpoints": {"path"}}
+VOLATILE = {"runs": {"config", "host", "pid", "commit", "dirty"}, "train_steps": {"seconds"}, "checkpoints": {"path"}}
 
 # questions a user asks of a store; an old store must answer them as it did when it was written
 SQL = {

@@ -238,6 +238,34 @@ def test_evidence_script_writes_the_page_of_the_finished_runs(compared, tmp_path
         "pass1_vs_seconds.png", "pass1_vs_steps.png", "pass1_vs_tokens.png"]
     figures = json.loads((tmp_path / "e.json").read_text())
     assert figures["heldout_prompts"] == 2 and "refinery_vs_uniform_at_tokens" in figures
+    # the commit the runs were made at (tests pin one: conftest.py), on the page and in the figures
+    assert "The runs on this page were made at commit `tests`, with no uncommitted changes." in page
+    assert "Warning" not in page and figures["commits"] == ["tests"] and figures["dirty_runs"] == []
+
+
+def test_the_evidence_page_refuses_mixed_commits_unless_allowed_and_then_warns_first(compared, tmp_path, capsys,
+                                                                                      monkeypatch):
+    import shutil
+
+    from storage.runs import mark, stored_config
+    from storage.store import Store
+
+    evidence = _evidence_script()
+    shutil.copytree(compared[0].root, tmp_path / "store")
+    store = Store(tmp_path / "store")
+    monkeypatch.setenv("REFINERY_CODE_VERSION", "c0ffee")  # ev-uniform-s1 resumed by other code
+    mark(store, "ev-uniform-s1", "running", stored_config(store, "ev-uniform-s1"))
+    mark(store, "ev-uniform-s1", "completed", stored_config(store, "ev-uniform-s1"))
+    args = ["--store", store.root, "--seeds", "2", "--partial", "--out", str(tmp_path / "e.md"),
+            *[x for s in SETS for x in ("--set", s)]]
+    assert evidence.main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("evidence: mixed code: its runs come from 2 commits (c0ffee, tests)") and err.count("\n") == 1
+    assert not (tmp_path / "e.md").exists()
+    assert evidence.main([*args, "--allow-mixed", "--json", str(tmp_path / "e.json")]) == 0
+    page = (tmp_path / "e.md").read_text().splitlines()
+    assert page[2].startswith("**Warning, mixed code: its runs come from 2 commits (c0ffee, tests)**")
+    assert json.loads((tmp_path / "e.json").read_text())["commits"] == ["c0ffee", "tests"]
 
 
 def test_a_missing_external_file_is_refused_before_any_run(prefect_api, store, tmp_path):
