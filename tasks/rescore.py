@@ -82,7 +82,7 @@ def rescore(store: Store, run_id: str, model: ModelConfig, cfg: RolloutConfig, r
         store.commit(stage, {}, run_id=run_id, round=last)  # nothing to do, and recorded as done
         return {**head, "reserve": 0, "reactivated": 0, "buckets": {}}
     backend = load_generator(model.model_copy(update={"policy": path}), scale)
-    messages, _ = fewshot_messages(prompts, pl.DataFrame(), run_id, last, 1, 0.0, 0, cfg.instruction)
+    messages, _ = fewshot_messages(prompts, pl.DataFrame(), 0, last, 1, 0.0, 0, cfg.instruction)
     rendered = [backend.render(msg) for msg in messages]
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens,
                         seed=round_seed(cfg.seed, last) + RESCORE_SEED_OFFSET + 1000 * version)

@@ -108,7 +108,7 @@ def sample(backend: Backend, prompts: pl.DataFrame, demos: pl.DataFrame | None, 
            cfg: RolloutConfig, reward_cfg: RewardConfig, sampling: Sampling, label: str) -> Sampled:
     """G completions for each of `prompts` (few-shot context as configured), verified."""
     t0 = time.perf_counter()
-    messages, augmentation = fewshot_messages(prompts, demos if demos is not None else pl.DataFrame(), ctx.run_id,
+    messages, augmentation = fewshot_messages(prompts, demos if demos is not None else pl.DataFrame(), cfg.seed,
                                               ctx.round, ctx.rounds, cfg.fewshot_p0, cfg.fewshot_k, cfg.instruction)
     rendered = [backend.render(m) for m in messages]
     with progress_reporter(label, prompts.height * cfg.group_size) as advance:

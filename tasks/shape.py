@@ -119,7 +119,9 @@ def shape_task(ctx: RoundContext, store: Store, cfg: ShapeConfig, rollout_cfg: R
         # a trace cut at the cap is incomplete: no EOS, so it is not shaped and never lands as correct (the
         # train stage appends EOS to every correct trace, which for a cut one would teach a false ending)
         ids = ids + [eos] if len(ids) <= cap else ids[:cap]
-        key = f"{run_id}\x1f{round}\x1f{r['prompt_id']}\x1f{origin}\x1f{cfg.seed}"
+        # the chain's randomness is keyed by (seed, round, prompt, origin), not by run: two arms of a comparison
+        # at one seed make the same proposals from the same start trace (paired seeds); trace_id adds the run
+        key = f"{cfg.seed}\x1f{round}\x1f{r['prompt_id']}\x1f{origin}"
         traces.append(Trace(key, prompt_ids, backend.encode([context])[0], ids, in_c))
         meta.append((r["prompt_id"], origin, text))
     t0 = time.perf_counter()
@@ -133,7 +135,7 @@ def shape_task(ctx: RoundContext, store: Store, cfg: ShapeConfig, rollout_cfg: R
     for t, (pid, origin, text) in zip(traces, meta):
         in_c = bool(t.lp)  # scored = started in C; accepted moves never leave it
         rows.append({"run_id": run_id, "round": round, "prompt_id": pid,
-                     "trace_id": digest(t.key), "origin": origin,
+                     "trace_id": digest(f"{run_id}\x1f{t.key}"), "origin": origin,
                      "variant": cfg.variant, "start_text": text,
                      "text": tok.decode([i for i in t.ids if i != eos], skip_special_tokens=True),
                      "start_logprob": mean(t.start_lp) if in_c else None, "end_logprob": mean(t.lp) if in_c else None,

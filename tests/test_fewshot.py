@@ -24,7 +24,7 @@ def test_schedule_decays_to_zero():
 
 
 def test_demonstrations_are_solved_siblings_never_the_prompt_itself():
-    msgs, recs = fewshot_messages(_prompts(3), _demos(), "r", 0, 1, p0=1.0, k=2, instruction="Box it.")
+    msgs, recs = fewshot_messages(_prompts(3), _demos(), 0, 0, 1, p0=1.0, k=2, instruction="Box it.")
     for i, (m, r) in enumerate(zip(msgs, recs)):
         used = json.loads(r)["fewshot_context"]
         assert len(used) == 2 and f"p{i}" not in used and "z0" not in used  # same source, other prompts
@@ -34,16 +34,16 @@ def test_demonstrations_are_solved_siblings_never_the_prompt_itself():
 
 def test_probability_zero_or_k_zero_or_no_siblings_means_plain_prompts():
     for kwargs in ({"p0": 0.0, "k": 2}, {"p0": 1.0, "k": 0}):
-        msgs, recs = fewshot_messages(_prompts(3), _demos(), "r", 0, 1, instruction="", **kwargs)
+        msgs, recs = fewshot_messages(_prompts(3), _demos(), 0, 0, 1, instruction="", **kwargs)
         assert recs == [None] * 3 and all(len(m) == 1 for m in msgs)
-    msgs, recs = fewshot_messages(_prompts(2, "rg:other"), _demos(), "r", 0, 1, p0=1.0, k=2, instruction="")
+    msgs, recs = fewshot_messages(_prompts(2, "rg:other"), _demos(), 0, 0, 1, p0=1.0, k=2, instruction="")
     assert recs == [None, None]
 
 
 def test_the_draw_is_seeded_and_follows_p():
     many = _prompts(400)
-    a = fewshot_messages(many, _demos(), "r", 1, 2, p0=0.5, k=1, instruction="")[1]
-    b = fewshot_messages(many, _demos(), "r", 1, 2, p0=0.5, k=1, instruction="")[1]
+    a = fewshot_messages(many, _demos(), 0, 1, 2, p0=0.5, k=1, instruction="")[1]
+    b = fewshot_messages(many, _demos(), 0, 1, 2, p0=0.5, k=1, instruction="")[1]
     assert a == b
     share = sum(r is not None for r in a) / len(a)
     assert 0.17 < share < 0.33  # p_1 = 0.5 * (1 - 1/2) = 0.25
@@ -108,7 +108,7 @@ def test_a_ladder_rung_never_sees_its_solved_sibling_rung():
     """The constructed leak of issue 12: the mcq10 rung of "What is 7*8?" got its solved mcq4 sibling, whose
     completion ends in \\boxed{56}, as an earlier turn. Only the unrelated prompt may demonstrate it."""
     prompts, demos = _seven_eight_lineage()
-    msgs, recs = fewshot_messages(prompts, demos, "r", 0, 1, p0=1.0, k=2, instruction="")
+    msgs, recs = fewshot_messages(prompts, demos, 0, 0, 1, p0=1.0, k=2, instruction="")
     by_id = dict(zip(prompts["prompt_id"], zip(msgs, recs)))
     for pid in ("root", "m4", "m10"):
         m, r = by_id[pid]
@@ -120,11 +120,11 @@ def test_a_ladder_rung_never_sees_its_solved_sibling_rung():
 def test_without_lineage_columns_fewshot_refuses_instead_of_leaking():
     prompts, demos = _seven_eight_lineage()
     with pytest.raises(ValueError, match="root_id"):
-        fewshot_messages(prompts.drop("root_id"), demos, "r", 0, 1, p0=1.0, k=2, instruction="")
+        fewshot_messages(prompts.drop("root_id"), demos, 0, 0, 1, p0=1.0, k=2, instruction="")
     with pytest.raises(ValueError, match="root_id"):
-        fewshot_messages(prompts, demos.drop("root_id"), "r", 0, 1, p0=1.0, k=2, instruction="")
+        fewshot_messages(prompts, demos.drop("root_id"), 0, 0, 1, p0=1.0, k=2, instruction="")
     # no demonstration can be added (k = 0 or p = 0): the lineage is not needed, as in rescoring
-    assert fewshot_messages(prompts.drop("root_id"), pl.DataFrame(), "r", 0, 1, 0.0, 0, "")[1] == [None] * 4
+    assert fewshot_messages(prompts.drop("root_id"), pl.DataFrame(), 0, 0, 1, 0.0, 0, "")[1] == [None] * 4
 
 
 def test_property_no_demonstration_ever_shares_the_targets_lineage():
@@ -149,7 +149,7 @@ def test_property_no_demonstration_ever_shares_the_targets_lineage():
                                       "question": f"Q{li}.{v}", "completion": f"answer of lineage {li}"})
         prompts = pl.DataFrame(rows)
         demos = pl.DataFrame(demo_rows, schema=["prompt_id", "source", "root_id", "question", "completion"])
-        msgs, recs = fewshot_messages(prompts, demos, "run", round, 4, p0=1.0, k=k, instruction="")
+        msgs, recs = fewshot_messages(prompts, demos, 0, round, 4, p0=1.0, k=k, instruction="")
         root_of = dict(zip(prompts["prompt_id"], prompts["root_id"]))
         source_of = dict(zip(prompts["prompt_id"], prompts["source"]))
         for row, m, r in zip(prompts.iter_rows(named=True), msgs, recs):

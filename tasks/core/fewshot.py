@@ -45,11 +45,13 @@ def fewshot_probability(round: int, rounds: int, p0: float) -> float:
     return max(0.0, p0 * (1 - round / rounds))
 
 
-def fewshot_messages(prompts: pl.DataFrame, demos: pl.DataFrame, run_id: str, round: int, rounds: int,
+def fewshot_messages(prompts: pl.DataFrame, demos: pl.DataFrame, seed: int, round: int, rounds: int,
                      p0: float, k: int, instruction: str) -> tuple[list[list[dict]], list[str | None]]:
     """Chat messages per prompt and the augmentation record (None when no demonstration was added).
     `prompts` (prompt_id, text, source, root_id) and `demos` (from `demonstrations`) need `root_id` whenever a
-    demonstration could be added: a demonstration never shares the prompt's lineage."""
+    demonstration could be added: a demonstration never shares the prompt's lineage. The draws (whether a
+    prompt gets demonstrations, and which) are keyed by (seed, round, prompt), not by run: two arms of a
+    comparison at one seed draw alike wherever their demonstration pools agree (paired seeds)."""
     p = fewshot_probability(round, rounds, p0)
     if k > 0 and p > 0 and demos.height:
         for name, frame in (("prompts", prompts), ("demonstrations", demos)):
@@ -62,8 +64,7 @@ def fewshot_messages(prompts: pl.DataFrame, demos: pl.DataFrame, run_id: str, ro
     messages, records = [], []
     for row in prompts.iter_rows(named=True):
         turn = ask(row["text"], instruction)
-        seed = seed_of(f"{run_id}\x1f{round}\x1f{row['prompt_id']}")
-        rng = random.Random(seed)
+        rng = random.Random(seed_of(f"{seed}\x1f{round}\x1f{row['prompt_id']}"))
         drawn = k > 0 and rng.random() < p
         siblings = [d for d in by_source.get(row["source"], []) if d["root_id"] != row["root_id"]] if drawn else []
         if not siblings:
