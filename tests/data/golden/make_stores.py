@@ -49,7 +49,8 @@ def main() -> None:
             shutil.rmtree(root, ignore_errors=True)
             curriculum(load_config(sets=spec["sets"], run_id=name, store=str(root), rounds=spec["rounds"]))
             store = Store(root)
-            for bulky in (".prefect", "_checkpoints", "_reports"):  # weights (MBs) and pictures: rows are kept
+            # weights (MBs), pictures and empty lock files (named after this checkout): rows are kept
+            for bulky in (".prefect", "_checkpoints", "_reports", ".locks", ".tmp"):
                 shutil.rmtree(root / bulky, ignore_errors=True)
             manifest["runs"][name] = {"commit": commit, "digest": row_digest(store), "sql": answers(store, name)}
     manifest["sql"] = SQL
