@@ -39,7 +39,8 @@ import polars as pl
 
 from storage.runs import mark, run_lock, run_rows, stored_config
 from storage.store import Store
-from tasks.core.dumps import DumpRejected, DumpRow, dump_digest, read_dump
+from tasks.core.dump_digest import dump_digest
+from tasks.core.dumps import DumpRejected, DumpRow, read_dump
 from tasks.core.eps import eps_scores
 from tasks.core.ids import prompt_id
 from tasks.core.sources import SourceRow

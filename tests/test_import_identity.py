@@ -19,7 +19,7 @@ from test_cli_errors import REFINERY, assert_one_line_error, refinery
 from storage.query import sql
 from storage.runs import mark, stored_config
 from storage.store import Store
-from tasks.core.dumps import dump_digest
+from tasks.core.dump_digest import dump_digest
 
 TOK = ["--tokenizer", "tiny-random"]
 

@@ -33,7 +33,6 @@ bytes), so the same dump under another path or as a copy is the same dump, and a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -293,20 +292,3 @@ def dump_files(fmt: str, path: str) -> list[Path]:
     if fmt not in patterns:
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
     return _files(path, patterns[fmt])
-
-
-def dump_digest(fmt: str, path: str, chunk: int = 1 << 20) -> str:
-    """sha256 over the files `fmt`'s reader reads at `path`: each one's path relative to the dump folder (empty
-    for a dump that is one file, so a renamed copy is the same dump), its size and its bytes, streamed."""
-    h = hashlib.sha256()
-    for f in sorted(dump_files(fmt, path), key=lambda f: _relative(f, path)):
-        name = _relative(f, path).encode()
-        h.update(len(name).to_bytes(8, "big") + name + f.stat().st_size.to_bytes(8, "big"))
-        with f.open("rb") as stream:
-            while block := stream.read(chunk):
-                h.update(block)
-    return h.hexdigest()
-
-
-def _relative(f: Path, path: str) -> str:
-    return f.relative_to(path).as_posix() if Path(path).is_dir() else ""
