@@ -12,9 +12,10 @@ value and DuckDB's own text for it. Choices, and why:
   stays valid data).
 - JSON is always valid: a NaN or infinite float is `null`; numbers, strings, booleans and lists and structs of
   them are JSON values (a HUGEINT, such as a `sum` of integers, is a JSON number); every other type
-  (decimals, dates, times, intervals, blobs, maps, unions, UUIDs, enums) is DuckDB's text for it, exact where a
-  float would round. Repeated column names (`SELECT a.x, b.x`) become `x`, `x_1` as JSON keys; the table
-  and CSV keep them as they are.
+  (decimals, dates, times, intervals, blobs, maps, unions, UUIDs, enums, bit strings, and VARINTs, whose
+  digits are unbounded) is DuckDB's text for it, exact where a float would round: a blob is a string with
+  each byte outside printable ASCII as `\\xHH` (`\\xFF\\x00`). Repeated column names (`SELECT a.x, b.x`)
+  become `x`, `x_1` as JSON keys; the table and CSV keep them as they are.
 - Cells wider than 100 characters are cut with `…`; a cell with line breaks (EXPLAIN's plan) spans lines.
 """
 
@@ -40,32 +41,33 @@ def write_result(result, fmt: str, limit: int | None, out: TextIO | None = None,
     (None: the format's default; 0: all)."""
     out, err = out or sys.stdout, err or sys.stderr
     cap = (TABLE_ROWS if fmt == "table" else 0) if limit is None else limit
-    rows = _rows(result, json_values=fmt == "json")
-    shown, total = [], 0
+    total = [0]  # rows of the result, counted as they stream past: only the first `cap` are converted
+    rows = _rows(result, fmt == "json", cap, total)
     if fmt == "table":
-        for row in rows:
-            total += 1
-            if not cap or total <= cap:
-                shown.append(row)
+        shown = list(rows)
         out.write(render_table(result.names, result.types, shown) + "\n")
-        more = total - len(shown)
-        out.write(f"({total} rows)\n" if not more else
-                  f"({total} rows, the first {len(shown)} shown)\n{more} more rows: use --limit or --format csv\n")
+        more = total[0] - len(shown)
+        out.write(f"({total[0]} rows)\n" if not more else
+                  f"({total[0]} rows, the first {len(shown)} shown)\n{more} more rows: use --limit or --format csv\n")
         return
     write = _csv_writer(result.names, out) if fmt == "csv" else _json_writer(result.names, out)
     for row in rows:
-        total += 1
-        if not cap or total <= cap:
-            write(row)
+        write(row)
     write(None)
-    if cap and total > cap:
-        err.write(f"{total - cap} more rows: use --limit 0 for all\n")
+    if cap and total[0] > cap:
+        err.write(f"{total[0] - cap} more rows: use --limit 0 for all\n")
 
 
-def _rows(result, json_values: bool) -> Iterator[list]:
-    """Each row as a list of cells: DuckDB's text (None for NULL), or JSON values where the column's type is
-    one (module docstring)."""
+def _rows(result, json_values: bool, cap: int, total: list[int]) -> Iterator[list]:
+    """The first `cap` rows (0: all), each as a list of cells: DuckDB's text (None for NULL), or JSON values
+    where the column's type is one (module docstring). Every row is counted into `total[0]`; those past the
+    cap are only counted (a batch's length), never converted."""
     for batch in result.batches:
+        take = batch.num_rows if not cap else max(0, min(batch.num_rows, cap - total[0]))
+        total[0] += batch.num_rows
+        if not take:
+            continue
+        batch = batch.slice(0, take)
         cols = []
         for i in range(len(result.names)):
             value, text = batch.column(2 * i), batch.column(2 * i + 1)
@@ -77,7 +79,7 @@ def _rows(result, json_values: bool) -> Iterator[list]:
                 cols.append([_json_safe(v) for v in value.to_pylist()])
             else:
                 cols.append(text.to_pylist())
-        yield from (list(r) for r in zip(*cols)) if cols else ([] for _ in range(batch.num_rows))
+        yield from (list(r) for r in zip(*cols)) if cols else ([] for _ in range(take))
 
 
 def _json_native(t: pa.DataType) -> bool:

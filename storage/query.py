@@ -18,6 +18,8 @@ User SQL (`sql`, behind `refinery sql`) is read-only by two independent layers:
    (the other design evaluated, same guarantee) was no faster (1.0-1.8x) and failed intermittently with
    "Out of buffer" inside DuckDB's fsspec bridge.
 
+What one query may cost (memory, threads, seconds) is storage/sql_budget.py's.
+
 Every failure is a `QueryError` (a ValueError) with a one-line message: refusals are `QueryRefused`;
 DuckDB's errors keep their first line and a "Did you mean" / "Candidate bindings" hint when it gives one.
 Both come from storage/sql_filter.py and stay importable from here.
@@ -32,11 +34,9 @@ from __future__ import annotations
 import functools
 import operator
 import os
-import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import duckdb
 import polars as pl
@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from storage.schemas import TABLES, empty_select_sql, schema
+from storage.sql_budget import Budget, QueryResult, budgeted, duckdb_errors, machine_memory, sql_limits
 from storage.sql_filter import (
     READ_ONLY_HINT,
     QueryError,
@@ -55,7 +56,8 @@ from storage.sql_filter import (
 from storage.store import Store
 
 __all__ = ["QueryError", "QueryRefused", "QueryResult", "check_read_only", "confined_connection", "connect",
-           "first_line_and_hint", "query_batches", "scan", "sql", "sql_limits", "view_sql", "write_catalog"]
+           "first_line_and_hint", "machine_memory", "query_batches", "scan", "sql", "sql_limits", "view_sql",
+           "write_catalog"]
 
 
 def _quote(s: str) -> str:
@@ -133,25 +135,6 @@ def _dataset(store: Store, table: str, records: list[dict] | None = None,
     return ds.dataset(stripped, schema=schema(table), format="parquet", filesystem=store.fs)
 
 
-def sql_limits() -> dict[str, str | int]:
-    """DuckDB's `memory_limit` and `threads` for user SQL: half the machine's memory (DuckDB's own default,
-    80%, starves a machine that also trains) and every core; $REFINERY_SQL_MEMORY (a DuckDB size such as
-    `4GB`) and $REFINERY_SQL_THREADS override them. A query that needs more memory fails in one line (there is
-    no spilling: nothing is written)."""
-    import psutil
-
-    memory = os.environ.get("REFINERY_SQL_MEMORY", "").strip() or f"{psutil.virtual_memory().total // 2 // 2**20}MiB"
-    threads = os.environ.get("REFINERY_SQL_THREADS", "").strip() or str(os.cpu_count() or 1)
-    if not threads.isdigit() or int(threads) < 1:
-        raise QueryError(f"REFINERY_SQL_THREADS={threads!r}: expected a whole number of threads, at least 1")
-    try:
-        duckdb.connect(config={"memory_limit": memory}).close()
-    except duckdb.Error as e:
-        raise QueryError(f"REFINERY_SQL_MEMORY={memory!r} is not a memory size DuckDB takes (e.g. 4GB, "
-                         f"512MB): {first_line_and_hint(e)}") from None
-    return {"memory_limit": memory, "threads": int(threads)}
-
-
 def referenced_tables(query: str) -> set[str] | None:
     """The store tables `query` names (DuckDB's own parse), or None when that cannot be told (DuckDB binds
     some queries to answer, which fails without the tables): then every table counts as named."""
@@ -177,6 +160,7 @@ def confined_connection(store: Store, tables: set[str] | None = None) -> duckdb.
     })
     try:
         con.execute("SET disabled_filesystems = 'LocalFileSystem'")  # only settable once the database runs
+        con.execute("SET enable_progress_bar = false")  # DuckDB's bar would land in the CSV or JSON on stdout
         records = store.records()
         for table in TABLES:
             read = tables is None or table in tables
@@ -195,72 +179,29 @@ def sql(store: Store, query: str, timeout_s: float | None = None) -> pa.Table:
         return pa.Table.from_batches(list(result.batches), schema=result.schema)
 
 
-@dataclass
-class QueryResult:
-    """A running query's columns (`names` may repeat: `SELECT a.x, b.x`), DuckDB's type of each, and its
-    rows as a stream of Arrow batches. With `text`, batch column 2i is column i's value and 2i+1 DuckDB's own
-    text for it (`CAST(... AS VARCHAR)`: every DuckDB type has one, infinite timestamps, intervals and unions
-    included, where Python or polars cannot convert some values)."""
-
-    names: list[str]
-    types: list[str]
-    schema: pa.Schema
-    batches: Iterator[pa.RecordBatch]
-
-
 @contextmanager
 def query_batches(store: Store, query: str, timeout_s: float | None = None, text: bool = True,
                   batch_rows: int = 10_000) -> Iterator[QueryResult]:
     """Run one read-only query and stream its result (`QueryResult`) while the block runs; the query is
-    interrupted once it has run `timeout_s` seconds (fetching included). Every failure is a one-line
-    QueryRefused or QueryError, as in `sql`."""
+    interrupted once DuckDB has worked on it `timeout_s` seconds in all (planning, running and fetching each
+    batch; not the time the caller spends writing a batch out, so a slow pipe or a large CSV is not cut
+    short). Every failure is a one-line QueryRefused or QueryError, as in `sql`."""
     check_read_only(query)
     con = confined_connection(store, referenced_tables(query))
-    timer = threading.Timer(timeout_s, con.interrupt) if timeout_s else None
-    if timer is not None:
-        timer.daemon = True
-        timer.start()
+    budget = Budget(con, timeout_s)
     try:
-        with _duckdb_errors(query, timeout_s):
+        with duckdb_errors(query, timeout_s), budget.running():
             rel = con.sql(query)
             if rel is None:  # not a query after all: the filter should have caught it
                 raise QueryRefused(f"{first_word(query)} is not allowed; {READ_ONLY_HINT}")
             names, types = list(rel.columns), [str(t) for t in rel.types]
             if text:
                 rel = rel.project(", ".join(f"#{i + 1} AS v{i}, #{i + 1}::VARCHAR AS t{i}" for i in range(len(names))))
-            reader = rel.to_arrow_reader(batch_rows)
+            reader = rel.to_arrow_reader(batch_rows)  # runs a blocking query (an aggregate, a sort) to its end
         # outside the error mapping: what the caller's block raises (a closed pipe is an OSError) is its own
-        yield QueryResult(names, types, reader.schema, _guarded(reader, query, timeout_s))
+        yield QueryResult(names, types, reader.schema, budgeted(reader, query, timeout_s, budget))
     finally:
-        if timer is not None:
-            timer.cancel()
         con.close()
-
-
-def _guarded(reader: pa.RecordBatchReader, query: str, timeout_s: float | None) -> Iterator[pa.RecordBatch]:
-    """The reader's batches, with DuckDB's errors while fetching turned into one-line QueryErrors."""
-    with _duckdb_errors(query, timeout_s):
-        yield from reader
-
-
-@contextmanager
-def _duckdb_errors(query: str, timeout_s: float | None) -> Iterator[None]:
-    try:
-        yield
-    except duckdb.InterruptException:
-        raise QueryError(f"query stopped after {timeout_s:g} s: raise --timeout (0: no limit) or narrow the "
-                         "query") from None
-    except duckdb.PermissionException as e:
-        raise QueryRefused(f"refused: {first_line_and_hint(e)} (queries may read only the store's tables)") from None
-    except duckdb.Error as e:
-        message = first_line_and_hint(e)
-        if "configuration has been locked" in message or "external access" in message.lower():
-            raise QueryRefused(f"refused: {message}") from None
-        if isinstance(e, duckdb.OutOfMemoryException):
-            message += " (the limit is REFINERY_SQL_MEMORY's, else half this machine's memory)"
-        raise QueryError(message) from None
-    except (pa.ArrowException, OSError) as e:  # a landed file that pyarrow cannot read
-        raise QueryError(f"reading the store failed: {first_line_and_hint(e)}") from None
 
 
 def write_catalog(store: Store) -> str:
