@@ -131,16 +131,23 @@ def sft_rows(store: Store, run_id: str, round: int, instruction: str) -> pl.Data
                     "end_logprob"))
 
 
+def in_store(store: Store, path: Path) -> Path | None:
+    """`path` relative to the root of the local store `store` (`.` for the root itself) when it lies inside it,
+    links resolved; else None (a remote store holds no local path)."""
+    if not store.local:
+        return None
+    root, path = Path(store.root).resolve(), path.expanduser().resolve()
+    return path.relative_to(root) if path == root or root in path.parents else None
+
+
 def check_out(store: Store, out: str, overwrite: bool) -> Path:
     """The output path, refused when it would land inside the store or replace a file unasked."""
     if "://" in out:
         raise ValueError(f"OUT {out!r}: export writes a local file (copy it to object storage afterwards)")
     path = Path(out).expanduser().resolve()
-    if store.local:
-        root = Path(store.root).resolve()
-        if path == root or root in path.parents:
-            raise ValueError(f"OUT {out!r} is inside the store {store.uri}; the store's folders hold landed data, "
-                             "export elsewhere")
+    if in_store(store, path) is not None:
+        raise ValueError(f"OUT {out!r} is inside the store {store.uri}; the store's folders hold landed data, "
+                         "export elsewhere")
     if path.is_dir():
         raise ValueError(f"OUT {out!r} is a folder; name the .parquet file to write")
     if path.exists() and not overwrite:

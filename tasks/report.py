@@ -7,26 +7,48 @@
   summary (`<run>-summary`, one version per round) of the round's stages and numbers; outside one it does
   nothing. Artifact keys are `slug`s of the run id.
 
-The page and plot names stay importable from here (`write_report`, `run_frames`, `PLOTS`, ...), where callers
-import them.
+The page and plot names stay importable from here (`run_frames`, `PLOTS`, ...), where callers import them.
+`write_report` here is tasks/report_page.py's, refusing an `out_dir` (`refinery report --out`) in the store's own
+folders (`_landed/`, `.tmp/`, `.locks/`, `.prefect/`, a table's) or the store's root: files there would be read
+as the store's (every command then warned of stray files under `_landed/`). `_reports/`, the default, is allowed.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 from prefect import task
 
+from storage.schemas import TABLES
 from storage.store import Store
+from tasks import report_page
 from tasks.core.ids import TAG_HEX, digest
-from tasks.report_page import MARKER, report_dir, run_frames, write_report
+from tasks.export_run import in_store
+from tasks.report_page import MARKER, report_dir, run_frames
 from tasks.report_plots import BUCKETS, PLOTS, score_summary, train_summary
 from tasks.reporting import in_prefect_run, sig4, timed
 
 __all__ = ["BUCKETS", "MARKER", "PLOTS", "publish_round_artifacts", "report_dir", "report_task", "round_markdown",
            "round_table", "run_frames", "slug", "write_report"]
+
+
+STORE_FOLDERS = ("_landed", ".tmp", ".locks", ".prefect", *TABLES)  # what the store itself reads and writes
+
+
+def write_report(store: Store, run_id: str, out_dir: str | Path | None = None) -> Path:
+    """tasks/report_page.py `write_report`, with an `out_dir` inside the store's own folders refused before
+    anything is drawn (module docstring)."""
+    if out_dir is not None:
+        rel = in_store(store, Path(out_dir))
+        if rel is not None and (not rel.parts or rel.parts[0] in STORE_FOLDERS):
+            where = f"inside the store {store.uri}, in its {rel.parts[0]}/ folder" if rel.parts else \
+                f"the store {store.uri} itself"
+            raise ValueError(f"--out {out_dir} is {where}, where the store keeps its own files; write the report "
+                             f"elsewhere, or leave --out out for {report_dir(store, run_id)}")
+    return report_page.write_report(store, run_id, out_dir)
 
 
 @task(name="report")
