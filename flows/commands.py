@@ -2,13 +2,13 @@
 
 Prefect is imported lazily, after `prepare_prefect` (flows/prefect_setup.py) has pointed its home inside the
 store, so that it never scatters state into ~ and commands that need no flow start fast. What can be checked
-before a flow starts is (a run's or a comparison's whole config, an ingest source's name and file, the run an
-eval or a rescore names and an eval's checkpoint); such an error is a one-line error, printed by flows/cli.py
-with its hint. The commands that run flows start Prefect's server as they begin, while they import and check
-their input (`early_prefect`); a refused input kills that server at once and undoes the Prefect home the
-command made. Prefect's console log and transformers' load bars are off unless -v is given: Prefect's ERROR
-records carry the same traceback again (its API log handler still feeds the UI); `run` and `compare` print a
-line per finished stage instead."""
+before a flow starts is (a run's or a comparison's whole config, an ingest source's name, file and rows, the
+run an eval or a rescore names and an eval's checkpoint); such an error is a one-line error, printed by
+flows/cli.py with its hint. The commands that run flows start Prefect's server as they begin, while they
+import and check their input (`early_prefect`); a refused input kills that server at once and undoes the
+Prefect home the command made. Prefect's console log and transformers' load bars are off unless -v is given:
+Prefect's ERROR records carry the same traceback again (its API log handler still feeds the UI); `run` and
+`compare` print a line per finished stage instead."""
 
 from __future__ import annotations
 
@@ -44,8 +44,8 @@ def _params(pairs: list[str]) -> dict[str, str]:
 
 
 def _check_ingest_source(source: str, params: dict) -> None:
-    """The source's name, and a file's existence, type and emptiness, before Prefect starts (the flow then
-    validates every row)."""
+    """The source's name, and a file's existence, type and emptiness, before Prefect starts (its rows are
+    checked next, while the server starts: flows/ingest.py `check_rows`)."""
     if source.startswith("rg:"):
         from tasks.core.sources import parse_param, rg_config_fields
 
@@ -66,20 +66,40 @@ def _check_ingest_source(source: str, params: dict) -> None:
 
 
 def _has_text(path: Path, chunk: int = 1 << 16) -> bool:
+    import codecs
+
     with path.open("rb") as f:
+        first = True
         while block := f.read(chunk):
-            if block.strip():
+            if (block.removeprefix(codecs.BOM_UTF8) if first else block).strip():  # a byte order mark is no row
                 return True
+            first = False
     return False
 
 
-def cmd_ingest(a: argparse.Namespace) -> int:
-    _check_ingest_source(a.source, _params(a.param))
-    with early_prefect(a.store, a.verbose):
-        from flows.ingest import ingest
+class _NothingValid(Exception):
+    """A file without a valid row under --skip-invalid: no flow runs, and `args[0]`, its summary, is printed."""
 
-    summary = ingest(a.source, size=a.size, seed=a.seed, params=_params(a.param), skip_invalid=a.skip_invalid,
-                     source_name=a.source_name, store=a.store)
+
+def cmd_ingest(a: argparse.Namespace) -> int:
+    """A file's rows are checked before the flow (while Prefect's server starts): a file with a bad row is
+    refused without --skip-invalid, leaving the store as it was (or absent). With --skip-invalid, a file whose
+    every row is bad is not an error, as the flag asks to skip what is bad: it lands nothing, prints the usual
+    summary ("... 0 new prompts landed, ..., N invalid rows skipped") after a `skipped` line per row, exits 0
+    and writes nothing, not even Prefect's home. The flow validates the file again (it may have changed)."""
+    params = _params(a.param)
+    _check_ingest_source(a.source, params)
+    try:
+        with early_prefect(a.store, a.verbose):
+            from flows.ingest import check_rows, ingest
+
+            if (nothing := check_rows(a.source, params, a.skip_invalid, a.source_name)) is not None:
+                raise _NothingValid(nothing)  # inside the block: the Prefect home made for the flow is undone
+    except _NothingValid as e:
+        summary = e.args[0]
+    else:
+        summary = ingest(a.source, size=a.size, seed=a.seed, params=params, skip_invalid=a.skip_invalid,
+                         source_name=a.source_name, store=a.store)
     from tasks.ingest import IngestSummary
 
     for line in summary["skipped"]:
@@ -191,11 +211,21 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    prepare_prefect(a.store, a.verbose, server=False)  # tasks.report imports prefect
+    # tasks.report imports Prefect, which needs only its settings here (a report runs no flow); its import makes
+    # the home folder, removed again (while empty) when the report is refused: the store stays as it was
+    from flows.prefect_home import missing_folders, prefect_home, remove_made
+
+    home = prefect_home(a.store)
+    made = missing_folders(home)
+    prepare_prefect(a.store, a.verbose, server=False, make_home=False)
     from storage.store import Store
     from tasks.report import write_report
 
-    print(write_report(Store(a.store), a.run_id, a.out) / "index.html")
+    try:
+        print(write_report(Store(a.store), a.run_id, a.out) / "index.html")
+    except BaseException:
+        remove_made(made, home / "prefect.db", None)
+        raise
     return 0
 
 

@@ -1,20 +1,26 @@
 """Ingestion stage: validated source rows become `prompts` rows, exactly once.
 
 Prompt ids are content hashes, and the read-dedup-commit sequence runs under the store's `prompts` lock,
-so concurrent ingests of overlapping sources both succeed and leave no duplicate.
+so concurrent ingests of overlapping sources both succeed and leave no duplicate. The landed ids are read
+with pyarrow and their text checked: a data file whose footer reads (storage/integrity.py checks footers) but
+whose `prompt_id` pages hold junk is named as corrupt in one line, where polars raised a ComputeError naming
+no file (or panicked), and ids that do not decode are never compared as if they were ids.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 from prefect.exceptions import MissingContextError
 
-from storage.query import scan
+from storage.integrity import DamagedStore
+from storage.query import table_rows_with_schema
 from storage.store import Store
 from tasks.core.ids import digest
 from tasks.core.sources import BadRow, Limits, SourceRow, file_rows, rg_rows
@@ -83,13 +89,36 @@ def prompts_table(rows: list[SourceRow]) -> pa.Table:
     })
 
 
+def landed_prompt_ids(store: Store) -> pa.ChunkedArray:
+    """The prompt ids in the store, or DamagedStore naming the data file whose ids do not read (module docstring)."""
+    try:
+        ids = table_rows_with_schema(store, "prompts", ["prompt_id"])["prompt_id"].to_arrow()
+        ids.validate(full=True)  # junk over a page may decode as bytes that are not UTF-8
+        return ids
+    except (pa.ArrowException, OSError) as e:
+        raise _corrupt_file(store, e) from None
+
+
+def _corrupt_file(store: Store, error: Exception) -> Exception:
+    """A DamagedStore naming the first prompts file whose ids do not read; `error` itself if each reads alone."""
+    for f in store.files("prompts"):
+        try:
+            pq.read_table(f, columns=["prompt_id"], filesystem=None if store.local else store.fs).validate(full=True)
+        except (pa.ArrowException, OSError) as e:
+            rel = os.path.relpath(f, store.root) if store.local else f
+            detail = str(e).splitlines()[0] if str(e) else type(e).__name__
+            return DamagedStore(f"store {store.root}: prompts data file {rel} is corrupt: its prompt_id column does "
+                                f"not read ({detail}); restore it from a copy of the store")
+    return error
+
+
 def commit_prompts(store: Store, rows: list[SourceRow]) -> tuple[int, int, str | None]:
     """Land the rows whose prompt_id is not yet in the store. Returns (new, already_present, stage)."""
     unique = list({r.prompt_id: r for r in rows}.values())
     if not unique:  # every row was invalid and skipped: nothing to land, no stage
         return 0, 0, None
     with store.lock("prompts"):
-        existing = scan(store, "prompts").select("prompt_id").collect()["prompt_id"].to_arrow()
+        existing = landed_prompt_ids(store)
         table = prompts_table(unique)
         fresh = table.filter(pc.invert(pc.is_in(table["prompt_id"], existing)))
         if fresh.num_rows == 0:
@@ -109,7 +138,8 @@ def ingest_source(
     skip_invalid: bool = False,
     source_name: str | None = None,
 ) -> IngestSummary:
-    """Validate a whole source, then land its new prompts in one commit (or nothing, if any row is bad)."""
+    """Validate a whole source, then land its new prompts in one commit (or nothing, if any row is bad; with
+    `skip_invalid`, a source whose every row is bad lands nothing and returns a summary with no stage)."""
     rows, bad = load_source(source, size, seed, params, source_name)
     if bad and not skip_invalid:
         raise IngestRejected(source, bad)

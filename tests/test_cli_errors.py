@@ -134,13 +134,15 @@ def test_traceback_only_with_debug(small_store, tmp_path):
 
 
 def test_failure_inside_a_flow_is_one_line_without_prefect_logs(api_env, tmp_path):
-    """The file passes the CLI's pre-checks; the ingest flow rejects its rows. Prefect logs that failure at
-    ERROR with a traceback (twice): without -v none of it reaches the terminal."""
-    (tmp_path / "bad.jsonl").write_text('{"question": "q"}\n{"answer": 2}\n')
-    p = refinery("ingest", "bad.jsonl", "--store", "store", cwd=tmp_path, env=api_env)
-    assert_one_line_error(p, "bad.jsonl: rejected, 2 bad row(s), nothing written: bad.jsonl line 1: field 'answer' "
-                             "is missing; bad.jsonl line 2: field 'question' is missing")
-    loud = refinery("ingest", "bad.jsonl", "--store", "store", "-v", cwd=tmp_path, env=api_env)
+    """The source passes the CLI's pre-checks (a file's rows included); the ingest flow fails on the store, whose
+    landed prompts file is junk. Prefect logs that failure at ERROR with a traceback (twice): without -v none of
+    it reaches the terminal."""
+    ingest_source(Store(tmp_path / "store"), "rg:products", size=3, seed=0)
+    next((tmp_path / "store" / "prompts").rglob("*.parquet")).write_bytes(b"junk, not Parquet")
+    p = refinery("ingest", "rg:products", "--size", "3", "--seed", "1", "--store", "store", cwd=tmp_path, env=api_env)
+    assert_one_line_error(p, "is not a readable Parquet file")
+    loud = refinery("ingest", "rg:products", "--size", "3", "--seed", "1", "--store", "store", "-v", cwd=tmp_path,
+                    env=api_env)
     assert loud.returncode == 1 and "Traceback" in loud.stderr  # -v: Prefect's log, traceback and all
 
 

@@ -10,6 +10,7 @@ import codecs
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,27 +169,50 @@ def validate_records(
 
 
 # ---- files ----------------------------------------------------------------------------------------------
+MAX_DEPTH = 100  # levels of JSON arrays and objects in one line; a prompt's meta or a trainer's record has few
+TOO_DEEP = f"arrays or objects nested deeper than {MAX_DEPTH} levels"
+
+
 def read_jsonl(path: Path) -> tuple[list[tuple[int, Any]], list[BadRow]]:
     """Parse a JSONL file line by line, keeping undecodable or unparsable lines as BadRows. A UTF-8 byte order
-    mark at the start (Windows editors write one) is skipped; a number over Python's 4,300-digit limit makes
-    its line bad, not the file."""
+    mark at the start (Windows editors write one) is skipped. A line Python cannot hold is bad, not the file:
+    a number over its 4,300-digit limit for reading an integer, or nesting deeper than `MAX_DEPTH` (validators
+    and import's JSON writers recurse per level: past Python's recursion limit the whole command would stop)."""
     records, bad = [], []
-    data = path.read_bytes()
-    for i, raw in enumerate(data.removeprefix(codecs.BOM_UTF8).split(b"\n"), start=1):
+    for i, raw in enumerate(path.read_bytes().removeprefix(codecs.BOM_UTF8).split(b"\n"), start=1):
         if not raw.strip():
             continue
         try:
-            text = raw.decode("utf-8")
+            rec = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
-            bad.append(BadRow(path.name, i, f"invalid UTF-8 at byte {e.start} of the line"))
-            continue
-        try:
-            records.append((i, json.loads(text)))
+            problem = f"invalid UTF-8 at byte {e.start} of the line"
         except json.JSONDecodeError as e:
-            bad.append(BadRow(path.name, i, f"not valid JSON: {e.msg} at column {e.colno}"))
+            problem = f"not valid JSON: {e.msg} at column {e.colno}"
         except ValueError as e:  # int(): "Exceeds the limit (4300 digits) for integer string conversion"
-            bad.append(BadRow(path.name, i, f"a number too long to read ({str(e).split(';')[0]})"))
+            found = re.search(r"limit \((\d+) digits\).*value has (\d+) digits", str(e))
+            problem = (f"a number too long to read: {int(found[2]):,} digits, over Python's limit of {int(found[1]):,}"
+                       if found else f"a number too long to read ({str(e).split(';')[0]})")
+        except RecursionError:
+            problem = TOO_DEEP
+        else:
+            if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH or not _too_deep(rec):  # the count: a cheap bound
+                records.append((i, rec))
+                continue
+            problem = TOO_DEEP
+        bad.append(BadRow(path.name, i, problem))
     return records, bad
+
+
+def _too_deep(value: Any) -> bool:
+    """Is `value` nested deeper than MAX_DEPTH? Walked with a stack, not recursion, for the reason above."""
+    todo = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, dict | list):
+            if depth > MAX_DEPTH:
+                return True
+            todo += [(c, depth + 1) for c in (v.values() if isinstance(v, dict) else v)]
+    return False
 
 
 def read_parquet(path: Path) -> tuple[list[tuple[int, Any]], list[BadRow]]:
