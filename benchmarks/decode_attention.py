@@ -1,7 +1,7 @@
 """Decode-step attention when a group's G samples share their prompt: SDPA over every row's copy of the prompt
-(the baseline) against the cascade (models/cascade.py), as a kernel and in the decoder.
+(the baseline) against the cascade (models/hf/cascade.py), as a kernel and in the decoder.
 
-The decoder (models/hf.py) repeats each prompt's KV cache for its G samples; SDPA reads every row's whole cache
+The decoder (models/hf/backend.py) repeats each prompt's KV cache for its G samples; SDPA reads every row's whole cache
 (prompt + own tokens). The cascade (the idea of Hydragen, arXiv 2402.05099, and FlashInfer's cascade attention)
 reads each prompt's keys and values once per group: the queries of a group's rows and of a KV head's query heads
 attend to the shared prefix as one matrix product, each row attends to its own tokens apart, and the two softmax
@@ -10,12 +10,12 @@ parts merge by their log-sum-exp. Same result to float rounding (checked here).
 Shapes: --groups prompts x --samples rows each (default 8 x 8, the default rollout batch of 64 rows), SmolLM2's 9
 query heads over 3 KV heads of 64 dims, prompts of --prefix tokens and --suffix tokens generated so far, fp32
 (what a CPU without bf16 decodes in). Timed per attention call (median of 5 blocks of --calls / 5), the baseline
-(the decoder's call: SDPA with `enable_gqa` over a view of a preallocated buffer, as models/decoding.py
+(the decoder's call: SDPA with `enable_gqa` over a view of a preallocated buffer, as models/hf/decoding.py
 BufferedLayer hands it) side by side with the cascade; x 30 layers gives a decode step's share.
 
 With --generate, the same comparison in the decoder: the embedded policy's `generate` (the backend's
 `shared_prompt_attention` on and off, and with bf16 weights its `float32_decode_attention` on and off too:
-models/decode_attention.py; the arms alternate, --repeats each) on the default pool's first 16 questions x
+models/hf/decode_attention.py; the arms alternate, --repeats each) on the default pool's first 16 questions x
 --samples, 64 new tokens at most, T = 0.7, batch 64: once as collect's plain prompts (about 90 tokens), once
 with four worked examples (each a sentence of reasoning and the boxed answer) before each question as chat
 turns (about 350 tokens: a few-shot prompt). Both
@@ -32,7 +32,7 @@ prompts: gen_<kind>_sdpa_s, gen_<kind>_cascade_s (medians; with the float32 atte
 chooses it), gen_<kind>_cascade_speedup (the median of the repeats' ratios), gen_<kind>_tokens,
 gen_<kind>_prompt_tokens (median), gen_<kind>_rows_identical, and per arm A (sdpa, cascade, and with bf16
 float32 and cascade_float32) gen_<kind>_<A>_arm_s and gen_<kind>_<A>_arm_vs_chosen (its time over the arm the
-decoder runs here: models/hf.py chooses by AMX).
+decoder runs here: models/hf/backend.py chooses by AMX).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def in_decoder(samples: int, repeats: int) -> dict[str, float]:
              "fewshot": [b.render([*worked, {"role": "user", "content": f"{q.text}\n{cfg.rollout.instruction}"}])
                          for q in questions]}
     sampling = Sampling(temperature=cfg.rollout.temperature, max_new_tokens=64, seed=0)
-    chosen = (b.shared_prompt_attention, b.float32_decode_attention)  # what this CPU's decoder runs (models/hf.py)
+    chosen = (b.shared_prompt_attention, b.float32_decode_attention)  # what this CPU's decoder runs (models/hf/backend.py)
     # (cascade, float32 decode attention); the latter only changes a bf16 cache's steps
     arms = [(c, f) for c in (False, True) for f in ((False, True) if b.bf16 else (False,))]
     name = {(False, False): "sdpa", (True, False): "cascade", (False, True): "float32", (True, True): "cascade_float32"}
@@ -142,7 +142,7 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    from models.cascade import SharedPrompts
+    from models.hf.cascade import SharedPrompts
     from models.threads import claim
 
     claim()
@@ -168,12 +168,12 @@ def main() -> None:
             def sdpa(q=q, k=k, v=v, mask=mask):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
-            shared = SharedPrompts(n)  # the decoder's own cascade (models/cascade.py), prompts added as a merge does
+            shared = SharedPrompts(n)  # the decoder's own cascade (models/hf/cascade.py), prompts added as a merge does
             shared.add([(kp, vp)], torch.ones(g, p, dtype=torch.bool), shift=0, end=p)
             shared.step(mask[:, 0, 0, :])
             if not shared.active:
                 sys.exit(f"decode_attention: {rows} rows over {g} prompts of {p} tokens do not take the cascade "
-                         f"(models/cascade.py MIN_*)")
+                         f"(models/hf/cascade.py MIN_*)")
 
             def casc(q=q, k=k, v=v, shared=shared):
                 return shared.attend(0, q, k, v, HEAD_DIM ** -0.5).transpose(1, 2)

@@ -56,9 +56,9 @@ def round_prompts(store: str, run_id: str, rnd: int) -> list[str]:
 def child(args: dict) -> None:
     """One arm, one repeat: generate over the prompts in this interpreter's tree, timed; one JSON line."""
     import tasks
-    from models import decoding
     from models.backend import Sampling
-    from models.hf import TransformersBackend
+    from models.hf import decoding
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
 
     prompts = round_prompts(args["store"], args["run_id"], args["round"])

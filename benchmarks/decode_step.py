@@ -1,6 +1,6 @@
 """One decode step of the embedded policy with bf16 weights, with and without the two bf16 decode paths, side by
-side in one process: the attention in float32 (models/decode_attention.py) and oneDNN's packed bf16 linears
-(models/packed.py). The baseline arm ("neither") is the decoder as it was before them: torch's SDPA over the
+side in one process: the attention in float32 (models/hf/decode_attention.py) and oneDNN's packed bf16 linears
+(models/hf/packed.py). The baseline arm ("neither") is the decoder as it was before them: torch's SDPA over the
 bf16 cache and `F.linear` over the bf16 weights.
 
     python benchmarks/decode_step.py [--rows 1,8,32] [--context 300] [--steps 24] [--repeats 4] [--json PATH]
@@ -14,7 +14,7 @@ Then the decoder: `generate_ids` of `--rows` prompts of `--context` tokens, end-
 row decodes `--steps` tokens, timing each decode step's forward (one token per row). The four arms (both paths,
 attention only, packed only, neither) switch in the same loaded model and alternate `--repeats` times, so the
 machine's drift reaches every arm alike; each arm's figure is the median over its repeats of the median step.
-The decoder itself runs `both` on a CPU without AMX and `packed` with AMX (models/hf.py), as the run prints.
+The decoder itself runs `both` on a CPU without AMX and `packed` with AMX (models/hf/backend.py), as the run prints.
 The machine this runs on is shared: read the spread (min-max over repeats), not one run.
 
 Figures (--json, flat keys): attn_sdpa_us_rows<R>, attn_cast_us_rows<R>, linear_<out>x<in>_us_rows<R> and
@@ -62,7 +62,7 @@ def kernels(rows: list[int], context: int) -> dict[str, float]:
     import torch
     import torch.nn.functional as F
 
-    from models import decode_attention, packed
+    from models.hf import decode_attention, packed
 
     figures: dict[str, float] = {}
     gen = torch.Generator().manual_seed(0)
@@ -94,8 +94,8 @@ def kernels(rows: list[int], context: int) -> dict[str, float]:
 
 
 def in_decoder(rows: list[int], context: int, steps: int, repeats: int) -> dict[str, float]:
-    from models import packed
     from models.backend import Sampling
+    from models.hf import packed
     from models.registry import load_backend
 
     b = load_backend("default")

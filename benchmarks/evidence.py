@@ -16,7 +16,7 @@ The design is fixed here, so every regeneration describes the same experiment:
 - the external set data/external/reasoning_gym_ood.jsonl, scored on every run's last checkpoint and the base
   model (flows/compare.py).
 Runs go one after the other through flows/compare.py (`refinery compare` does the same for any arms); the page
-is tasks/comparison_page.py over the queries of tasks/comparison.py. Before writing, every run's stored config
+is tasks/compare/page.py over the queries of tasks/compare/figures.py. Before writing, every run's stored config
 is checked against the design (the shared config, `--set`, its arm and seed): a store whose runs were made
 otherwise is refused, naming the run and the fields; and so is one whose runs come from more than one commit or
 from code with uncommitted changes (flows/compare.py `mixed_code`), unless `--allow-mixed`, when the page says so
@@ -206,15 +206,15 @@ def main(argv: list[str] | None = None) -> int:
 def _main(a: argparse.Namespace) -> int:
     from flows.compare import compare, plan
     from storage.store import Store
-    from tasks.comparison_page import build, markdown
-    from tasks.comparison_plots import plots
+    from tasks.compare.page import build, markdown
+    from tasks.compare.plots import plots
 
     datasets = [str(p) for p in DATASETS]
     a.confirm = list(dict.fromkeys(a.confirm))
     groups = arm_groups(a.seeds, a.ablation_seeds, a.confirm)
     planned = [r for arms, seeds in groups for r in plan(arms, seeds, PREFIX, a.set, {})]
     if a.run:
-        from flows.prefect_setup import prepare_prefect
+        from flows.server.prefect_setup import prepare_prefect
 
         prepare_prefect(a.store, verbose=False)
         for arms, seeds in groups:

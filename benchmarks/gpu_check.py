@@ -36,7 +36,7 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 from models.backend import Sampling  # noqa: E402
-from models.hf import TransformersBackend  # noqa: E402
+from models.hf.backend import TransformersBackend  # noqa: E402
 from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round  # noqa: E402
 from tasks.core.mcmc import Trace, shape_traces  # noqa: E402
 

@@ -44,7 +44,7 @@ def child(budget: str, groups: int, prefixes: int, samples: int) -> dict:
     """One setting in this process: load, decode, report (printed as one JSON line)."""
     from flows.config import RunConfig
     from models.backend import Sampling
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
     from tasks.core.fewshot import ask
     from tasks.core.lope import lorem_prefixes

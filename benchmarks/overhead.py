@@ -6,7 +6,7 @@ In one process:
    $PREFECT_API_URL); timed as a no-op flow's first run minus its second run.
 2. A no-op flow's run (the per-flow cost once the API is up), median of --repeats.
 3. The curriculum flow at the default sizes (override with --set, e.g. --tiny for a quick check). Every
-   stage's task measures its own compute inside the task function (`tasks.reporting.timed`), so for round r:
+   stage's task measures its own compute inside the task function (`tasks.reporting.progress.timed`), so for round r:
        wall_r     = end of round r's last stage - end of round r-1's last stage (round 0: from the call)
        compute_r  = sum of round r's stages' compute_s
        overhead_r = (wall_r - compute_r) / wall_r       <- the named baseline is compute_r

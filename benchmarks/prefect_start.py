@@ -1,6 +1,6 @@
 """A fresh Prefect home's first flow run: from a new database file, which Prefect's ephemeral server migrates
 before it answers (the baseline), against from the migrated copy `refinery` puts in a new store's home
-(flows/prefect_home.py seed_database).
+(flows/server/prefect_home.py seed_database).
 
 Each run is a child interpreter with its own new PREFECT_HOME that imports Prefect and times its first no-op
 flow run (server start, database, the run itself); the arms alternate their order repeat by repeat, so load
@@ -8,8 +8,8 @@ that drifts over the run does not favour one. The migrated copy is made first if
 timed: it is made once per machine and Prefect version).
 
 A second comparison times `refinery run`'s start, from the command's first line to its first flow run (a no-op
-flow in place of the curriculum): `flows.commands.prepared_run` (import and check the default config, import
-the flow) with Prefect's server started at the first flow call, as before flows/early_server.py (the baseline),
+flow in place of the curriculum): `flows.cli.commands.prepared_run` (import and check the default config, import
+the flow) with Prefect's server started at the first flow call, as before flows/server/early_server.py (the baseline),
 against started as a child process as the command begins. Each is a child interpreter with a new, seeded home; the
 arms alternate their order repeat by repeat.
 
@@ -46,7 +46,7 @@ print(time.perf_counter() - t)
 RUN_CHILD = """import sys, time
 t = time.perf_counter()
 import argparse
-from flows.commands import prepared_run
+from flows.cli.commands import prepared_run
 a = argparse.Namespace(store=sys.argv[2], verbose=False, config=None, set=[], run_id="bench", rounds=None)
 prepared_run(a, early_server=sys.argv[1] == "early")
 from prefect import flow
@@ -77,7 +77,7 @@ def run_start(early: bool) -> float:
 
 
 def first_run(seeded: bool) -> float:
-    from flows.prefect_home import DATABASE, seed_database
+    from flows.server.prefect_home import DATABASE, seed_database
 
     with tempfile.TemporaryDirectory(prefix="refinery-prefect-start-") as home:
         if seeded and not seed_database(Path(home)).startswith("seeded"):
@@ -98,7 +98,7 @@ def main() -> None:
     for k in ("PREFECT_API_URL", "PREFECT_API_DATABASE_CONNECTION_URL", "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
         os.environ.pop(k, None)
     with tempfile.TemporaryDirectory() as warm:  # makes the migrated copy where this machine has none
-        from flows.prefect_home import seed_database
+        from flows.server.prefect_home import seed_database
 
         print(f"migrated copy: {seed_database(Path(warm))}")
     times: dict[bool, list[float]] = {False: [], True: []}

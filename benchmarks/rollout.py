@@ -40,10 +40,13 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 from flows.config import RunConfig  # noqa: E402
-from models import cascade  # noqa: E402
 from models.backend import Sampling  # noqa: E402
-from models.devices import native_bf16  # noqa: E402
-from models.hf import TransformersBackend, bf16_chosen, decode_attention_paths  # noqa: E402
+from models.devices import (
+    bf16_chosen,  # noqa: E402
+    native_bf16,  # noqa: E402
+)
+from models.hf import cascade  # noqa: E402
+from models.hf.backend import TransformersBackend, decode_attention_paths  # noqa: E402
 from models.registry import resolve  # noqa: E402
 from tasks.ingest import load_source  # noqa: E402
 
@@ -59,8 +62,8 @@ def default_prompts(k: int, instruction: str) -> list[str]:
 def naive(model, tok, prompts: list[str], n: int, s: Sampling, batch: int, forced: bool = False,
           bf16: bool = False) -> int:
     """model.generate over fixed batches of `batch` rows; returns useful tokens. Where a backend or
-    `forced_rate` installed models/cascade.py's SDPA wrapper, a bf16 decode step attends as the sampler's own
-    steps do on this CPU (in float32 without AMX, torch's SDPA with it: models/hf.py decode_attention_paths)."""
+    `forced_rate` installed models/hf/cascade.py's SDPA wrapper, a bf16 decode step attends as the sampler's own
+    steps do on this CPU (in float32 without AMX, torch's SDPA with it: models/hf/backend.py decode_attention_paths)."""
     rows = [p for p in prompts for _ in range(n)]
     eos = set(model.generation_config.eos_token_id if isinstance(model.generation_config.eos_token_id, list)
               else [model.generation_config.eos_token_id])
@@ -87,13 +90,13 @@ def forced_rate(policy: str, prompts: list[str], n: int, max_new_tokens: int, dt
                 batch: int = 32) -> float:
     """Tokens/s of `model.generate` with the length forced to max_new_tokens (no early stop), bf16 weights where
     `dtype` picks them (as the sampler does): the decode ceiling benchmarks/round.py holds collect against.
-    Its attention is the sampler's (models/cascade.py's SDPA wrapper, so a bf16 decode step attends in float32
+    Its attention is the sampler's (models/hf/cascade.py's SDPA wrapper, so a bf16 decode step attends in float32
     where the sampler's do, `naive`, and grouped-query K/V are not repeated): the ceiling differs from the
     sampler in the decode loop, not in the attention kernel (up to edfe522 round.py's ceiling ran torch's bf16
     SDPA, as no backend had been built in its process)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from models.hf import sdpa_native_gqa
+    from models.hf.backend import sdpa_native_gqa
 
     sdpa_native_gqa("cpu")
     cascade.install()

@@ -6,7 +6,7 @@ each stage's ratio to its own lower bound where one is measurable (issue 14).
 Arms. This checkout, and with --baseline a git worktree of REF (made under /tmp, removed afterwards). Each arm
 runs in a child process whose working folder and PYTHONPATH are that tree, with its own PREFECT_HOME and a
 fresh store: the curriculum flow for --rounds rounds at the default config (plus --set). The child prints each
-stage's compute seconds (measured inside the stage's task by tasks.reporting.timed, which every commit since
+stage's compute seconds (measured inside the stage's task by tasks.reporting.progress.timed, which every commit since
 issue 6 records), each round's wall time (from the end of the previous round's last stage; round 0 from the
 flow call, so it includes starting Prefect's temporary server and creating the run), the same without that
 start (`round_stages_wall_s`: from the round's first stage to its last; `startup_s`: from the flow call to the
@@ -14,7 +14,7 @@ first stage) and the flow process's peak RSS (getrusage; the temporary Prefect s
 worker are other processes, reported apart as children). The arms run one after
 the other, never together: on 2 cores two torch processes would slow each other many times over. Each arm's
 Prefect home is prepared as that commit's `refinery run` prepares it: where the commit has
-flows/prefect_home.py, a fresh home starts from a copy of the migrated database; before it (4425eb0),
+flows/server/prefect_home.py, a fresh home starts from a copy of the migrated database; before it (4425eb0),
 Prefect migrates a new database on its first start, as it did for that commit's users.
 
 Lower bounds, measured afterwards in this process on the current arm's store, for its last round:
@@ -84,7 +84,7 @@ import tasks
 args = json.loads(sys.argv[1])
 cfg = load_config(sets=args["sets"], run_id="round", store=args["store"], rounds=args["rounds"])
 try:  # Prefect's home as this commit's `refinery run` prepares it (a copy of a migrated database, where it can)
-    from flows.prefect_home import seed_database
+    from flows.server.prefect_home import seed_database
 except ImportError:  # a commit before it: Prefect migrates a new database, as it did for its users
     pass
 else:
@@ -201,8 +201,8 @@ def bare_train_seconds(store: str, rnd: int, sets: list[str]) -> tuple[float, in
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from models.hf import autocast
     from models.registry import resolve
+    from models.training.autocast import autocast
     from storage.query import table_rows_with_schema
     from storage.store import Store
     from tasks.train import rollout_sequences

@@ -82,8 +82,8 @@ def main() -> None:
         print(f"{name:<20} {figures[f'entropy_own_{arm}']:>22.3f} {figures[f'entropy_independent_{arm}']:>21.3f} "
               f"{figures[f'mean_eps_{arm}']:>9.4f}")
 
-    from tasks.embed import embed_minilm
     from tasks.ingest import load_source
+    from tasks.selectors.embed import embed_minilm
 
     texts = [r.text for r in load_source("rg:basic_arithmetic", a.texts, 0, {})[0]]
     embed_minilm(texts[:8])  # load the model outside the timing

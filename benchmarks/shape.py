@@ -137,7 +137,7 @@ def shape_once(b, traces: list, steps: int, variant: str, max_new_tokens: int, b
 
 
 def load_model(spec: str):
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
 
     return TransformersBackend(resolve(spec), batch_size=64)

@@ -64,7 +64,7 @@ def load_gpu_check():
 def correctness(tiny: str) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
     from models.vllm_backend import VLLMBackend
     from tasks.core.grpo import train_round
 

@@ -233,7 +233,7 @@ def matched_lines(store, prefix: str, runs: list[Planned]) -> list[str]:
     """Per arm: held-out pass@1 at the comparison's matched token budget (the largest every run reached,
     interpolated per prompt between checkpoints; tasks/core/curves.py) and its paired difference to `uniform`
     (or the first arm)."""
-    from tasks.comparison_page import build
+    from tasks.compare.page import build
 
     ev = build(store, prefix, runs)
     head = f"at the matched budget of {ev.budgets['tokens']:.0f} generated tokens:"

@@ -21,7 +21,7 @@ from tasks.core.rewards import RewardConfig
 from tasks.evaluate import EvalConfig
 from tasks.pool import DEFAULT_SOURCES, PoolConfig, SourceSpec  # noqa: F401 (names users import from here)
 from tasks.refine import RefineConfig
-from tasks.sampling import RolloutConfig
+from tasks.sampling.rollouts import RolloutConfig
 from tasks.score import UtilityConfig
 from tasks.select import SelectConfig
 from tasks.shape import ShapeConfig

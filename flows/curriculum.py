@@ -27,18 +27,18 @@ import time
 import polars as pl
 from prefect import flow
 
+from flows.cli.errors import reason as failure_reason
 from flows.config import RunConfig, placed, stored_base
-from flows.errors import reason as failure_reason
 from flows.preflight import validate_for_run
 from models.checkpoints import policy_for_round
 from storage.query import scan
 from storage.runs import mark, run_lock, stored_config
 from storage.store import Store
+from tasks.collect import collect_task
 from tasks.evaluate import evaluate_task
 from tasks.pool import pool_task
 from tasks.refine import refine_task
 from tasks.report import publish_round_artifacts, report_task
-from tasks.rollout import collect_task
 from tasks.score import score_task
 from tasks.select import select_task
 from tasks.shape import shape_task

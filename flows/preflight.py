@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from flows.errors import one_line
+from flows.cli.errors import one_line
 
 _VALIDATED: set[str] = set()
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 BUNDLED = ("default", "tiny-random")
-# Stages a backend cannot run, and why (the stage's own refusal: tasks/shape.py, tasks/embed.py).
+# Stages a backend cannot run, and why (the stage's own refusal: tasks/shape.py, tasks/selectors/embed.py).
 BACKEND_LIMITS = {
     "vllm": {
         "select.embedder": "the 'policy' embedder reads the policy's hidden states, which the vllm backend "

@@ -136,7 +136,7 @@ class TokenBackend(Backend, Protocol):
 
 
 class KeepsStates(TokenBackend, Protocol):
-    """A `TokenBackend` that keeps what it computed over a sequence (models/states.py) and starts later calls
+    """A `TokenBackend` that keeps what it computed over a sequence (models/hf/states.py) and starts later calls
     from a prefix of it: MCMC shaping's chains (tasks/core/mcmc.py ChainStates). The transformers backend."""
 
     kv_bytes_per_token: int  # what one token of kept keys and values costs

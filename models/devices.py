@@ -1,6 +1,6 @@
 """What a device computes natively: whether bf16 runs in hardware (the decoder's weights, training's autocast
 and the packed decode products all choose by it), and whether a CPU has AMX's bf16 tiles (the decoder's bf16
-attention path chooses by it: models/hf.py).
+attention path chooses by it: models/hf/backend.py).
 
 The CPU's flags are read once from /proc/cpuinfo (none where it cannot be read: no bf16, no AMX)."""
 
@@ -42,3 +42,8 @@ def amx_granted() -> bool:
     """Whether the OS lets this process use AMX's tiles (asked once)."""
     init = getattr(torch.cpu, "_init_amx", None)
     return bool(init()) if init is not None else True
+
+
+def bf16_chosen(device: str, dtype: str) -> bool:
+    """Whether `dtype` asks for bf16 ("bf16") or allows it ("auto") on a device that computes bf16 natively."""
+    return dtype == "bf16" or (dtype == "auto" and native_bf16(device))

@@ -163,7 +163,7 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
             _LOADED.pop(next(iter(_LOADED)))
         path = resolve(policy)
         if backend == "transformers":
-            from models.hf import TransformersBackend
+            from models.hf.backend import TransformersBackend
 
             _LOADED[key] = TransformersBackend(path, device=device, dtype=dtype, batch_size=batch_size,
                                                kv_cache_gib=kv_cache_gib)

@@ -51,7 +51,7 @@ from fractions import Fraction
 from pathlib import Path
 
 from models.backend import Completion, Sampling
-from models.hf import TransformersBackend
+from models.hf.backend import TransformersBackend
 from models.lorem import LOREM
 
 EIGHTHS = 8

@@ -10,7 +10,7 @@ call out over N Ray actors, each holding its own copy of the policy.
   (a killed stage lands nothing; the rerun generates again). Rows cross the object store, not part files:
   a round's rollouts are a few MB, and one writer keeps the single commit point simple.
 - Why the rows are the same: every caller passes keyed row seeds (tasks/core/seeds.py `row_seeds`, one per
-  prompt id), and keyed sampling draws each row's tokens from its own key alone (models/decoding.py), so a
+  prompt id), and keyed sampling draws each row's tokens from its own key alone (models/hf/decoding.py), so a
   prompt's samples do not depend on which shard or batch generated it. The sharded stage writes the rows one
   process writes (tests/test_ray_shard.py compares row hashes on a local two-worker cluster). That holds
   where a row's logits do not depend on what else is in its batch, as on CPU in fp32; in bf16 on a GPU, or

@@ -166,7 +166,7 @@ class VLLMBackend:
                 toks = list(c.token_ids)
                 lps = [c.logprobs[i][t].logprob for i, t in enumerate(toks)] if c.logprobs is not None else []
                 stop = (None, None)
-                if toks and toks[-1] in self.eos_ids:  # the end token is not part of a completion (models/hf.py)
+                if toks and toks[-1] in self.eos_ids:  # the end token is not part of a completion (models/hf/backend.py)
                     stop = (toks[-1], lps[-1] if len(lps) == len(toks) else None)
                     toks, lps = toks[:-1], lps[:-1]
                 text = self.tokenizer.decode(toks, skip_special_tokens=True)

@@ -228,7 +228,7 @@ _DUCKDB_TYPES = {
 
 class NotFound(KeyError):
     """A name the user gave (a table, a prompt id) that the store does not have: bad input the user can fix,
-    so the CLI prints its message alone (flows/errors.py). A plain KeyError is a programming slip and is
+    so the CLI prints its message alone (flows/cli/errors.py). A plain KeyError is a programming slip and is
     reported as a bug. str() is the message itself, without KeyError's repr quotes."""
 
     user_facing = True

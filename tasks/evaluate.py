@@ -41,8 +41,8 @@ from tasks.core.heldout import pass_at_k
 from tasks.core.rewards import RewardConfig
 from tasks.core.seeds import round_seed, row_seeds
 from tasks.core.verdicts import verdicts
-from tasks.reporting import report_timeouts, sig4
-from tasks.sampling import RolloutConfig
+from tasks.reporting.progress import report_timeouts, sig4
+from tasks.sampling.rollouts import RolloutConfig
 from tasks.stage import RoundContext, stage
 
 

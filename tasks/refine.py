@@ -67,7 +67,8 @@ class RefineConfig(Section):
         description="enabled strategies (each a file under tasks/strategies/); an empty list turns refinement off")
     max_children: int = Field(24, ge=0, le=100_000, description="refinements per round, all strategies")
     max_per_strategy: int = Field(8, ge=0, le=100_000, description="refinements per round and strategy")
-    promote_threshold: float = Field(0.5, ge=0.0, le=1.0, description="ladder promotion when mean reward > this")
+    promote_threshold: float = Field(0.5, ge=0.0, le=1.0, description="ladder promotion when mean reward > this "
+                                     "(on an mcq rung, corrected for guessing)")
     hint_fraction: float = Field(0.3, gt=0.0, lt=1.0, description="f: share of the solution revealed; each "
                                  "promotion of a hint child lowers it by hint_anneal_step, down to the open question")
     hint_anneal_step: float = Field(0.1, gt=0.0, lt=1.0, description="how much less of the solution a promoted "

@@ -1,6 +1,6 @@
 """The Prefect side of reporting: the `report` stage task and each round's Prefect artifacts.
 
-- `report_task` redraws the run's report folder (tasks/report_page.py: PNG plots from tasks/report_plots.py and
+- `report_task` redraws the run's report folder (tasks/reporting/page.py: PNG plots from tasks/reporting/plots.py and
   index.html) at the end of every round, and returns where it is.
 - `publish_round_artifacts`, inside a Prefect flow or task run, publishes round r's keyed table
   (`<run>-round-<r>`: buckets, EPS quantiles, selection per cluster, training, evaluation) and a markdown
@@ -8,7 +8,7 @@
   nothing. Artifact keys are `slug`s of the run id.
 
 The page and plot names stay importable from here (`run_frames`, `PLOTS`, ...), where callers import them.
-`write_report` here is tasks/report_page.py's, refusing an `out_dir` (`refinery report --out`) in the store's own
+`write_report` here is tasks/reporting/page.py's, refusing an `out_dir` (`refinery report --out`) in the store's own
 folders (`_landed/`, `.tmp/`, `.locks/`, `.prefect/`, a table's) or the store's root: files there would be read
 as the store's (every command then warned of stray files under `_landed/`). `_reports/`, the default, is allowed.
 """
@@ -24,12 +24,12 @@ from prefect import task
 
 from storage.schemas import TABLES
 from storage.store import Store
-from tasks import report_page
 from tasks.core.ids import TAG_HEX, digest
-from tasks.export_run import in_store
-from tasks.report_page import MARKER, report_dir, run_frames
-from tasks.report_plots import BUCKETS, PLOTS, score_summary, train_summary
-from tasks.reporting import in_prefect_run, sig4, timed
+from tasks.interop.export_run import in_store
+from tasks.reporting import page as report_page
+from tasks.reporting.page import MARKER, report_dir, run_frames
+from tasks.reporting.plots import BUCKETS, PLOTS, score_summary, train_summary
+from tasks.reporting.progress import in_prefect_run, sig4, timed
 
 __all__ = ["BUCKETS", "MARKER", "PLOTS", "publish_round_artifacts", "report_dir", "report_task", "round_markdown",
            "round_table", "run_frames", "slug", "write_report"]
@@ -39,7 +39,7 @@ STORE_FOLDERS = ("_landed", ".tmp", ".locks", ".prefect", *TABLES)  # what the s
 
 
 def write_report(store: Store, run_id: str, out_dir: str | Path | None = None) -> Path:
-    """tasks/report_page.py `write_report`, with an `out_dir` inside the store's own folders refused before
+    """tasks/reporting/page.py `write_report`, with an `out_dir` inside the store's own folders refused before
     anything is drawn (module docstring)."""
     if out_dir is not None:
         rel = in_store(store, Path(out_dir))

@@ -36,8 +36,8 @@ from tasks.core.fewshot import fewshot_messages
 from tasks.core.rewards import RewardConfig
 from tasks.core.seeds import round_seed, row_seeds
 from tasks.core.verdicts import verdicts
-from tasks.reporting import progress_reporter, sig4, timed
-from tasks.sampling import RolloutConfig, rollout_table
+from tasks.reporting.progress import progress_reporter, sig4, timed
+from tasks.sampling.rollouts import RolloutConfig, rollout_table
 from tasks.score import UtilityConfig
 
 RESCORE_SEED_OFFSET = 500_000  # rescore samples apart from every round's seeds (seed * 1000 + round)

@@ -2,7 +2,7 @@
 
 The algorithms (k-means diverse selection weighted by EPS, uniform, DAPO's first generation batch) are pure
 functions in tasks/core/selection.py (docs/algorithms.md §4); this stage reads the candidates, their latest
-EPS and their embeddings (tasks/embed.py: kept per embedding space, so a `policy` embedder's new checkpoint
+EPS and their embeddings (tasks/selectors/embed.py: kept per embedding space, so a `policy` embedder's new checkpoint
 starts afresh), warm-starts from last round's centroids in the same space, and commits.
 
 Choices: "never scored" means no earlier round of this run scored the prompt, and a scored prompt's EPS is its
@@ -25,8 +25,8 @@ from storage.rounds import prompts, this_round
 from storage.store import Store
 from tasks.core.seeds import round_seed
 from tasks.core.selection import SELECTORS, cluster_entropy, select_dapo_filter, select_kmeans, select_uniform
-from tasks.embed import cached_embeddings, embedding_space, policy_namespace
-from tasks.reporting import sig4
+from tasks.reporting.progress import sig4
+from tasks.selectors.embed import cached_embeddings, embedding_space, policy_namespace
 from tasks.stage import RoundContext, stage
 
 

@@ -26,8 +26,8 @@ from tasks.core.mcmc import CONTINUE, Trace, mean, shape_traces, tokens_changed
 from tasks.core.rewards import RewardConfig
 from tasks.core.verdicts import verify_row
 from tasks.refine import RefineConfig
-from tasks.reporting import progress_reporter, sig4
-from tasks.sampling import RolloutConfig
+from tasks.reporting.progress import progress_reporter, sig4
+from tasks.sampling.rollouts import RolloutConfig
 from tasks.stage import RoundContext, stage
 
 

@@ -7,7 +7,7 @@ summary. `@stage("name")` turns it into the Prefect task the flow calls, as `nam
 - it opens the `Store` at `ctx.store`;
 - a stage whose commit record already exists returns `{"stage", "round", "skipped": "already landed"}`
   without running (resume is store-driven: docs/architecture.md);
-- the summary gains `stage`, `round` and `timing` (the stage's own compute time: `tasks.reporting.timed`);
+- the summary gains `stage`, `round` and `timing` (the stage's own compute time: `tasks.reporting.progress.timed`);
 - what the stage generates (models/meter.py: rollouts, LoPE resamples, teacher answers, MCMC proposals,
   evaluation samples) is counted and lands as `generated_tokens` rows in the stage's own commit (a rider on
   the store: storage/store.py), so the counts are there exactly when the stage is; a stage killed before
@@ -43,8 +43,8 @@ from models.sharded import ScaleConfig
 from models.threads import claim as claim_threads
 from storage.rounds import this_round
 from storage.store import Store
-from tasks.embed import release_embedder
-from tasks.reporting import timed
+from tasks.reporting.progress import timed
+from tasks.selectors.embed import release_embedder
 
 
 class RoundContext(BaseModel):

@@ -43,8 +43,8 @@ from storage.store import Store, fault_point
 from tasks.core.fewshot import ask
 from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round
 from tasks.core.seeds import round_seed
-from tasks.reporting import progress_reporter, sig4
-from tasks.sampling import RolloutConfig
+from tasks.reporting.progress import progress_reporter, sig4
+from tasks.sampling.rollouts import RolloutConfig
 from tasks.stage import RoundContext, stage
 
 
@@ -93,7 +93,7 @@ def sampler_computes_as_trainer(backend: str, dtype: str, device: str, remote_wo
     weights and bf16 autocast compute them otherwise: the old pass recomputes them there. With `remote_workers`
     (collect sharded over Ray workers, which may run on CPUs with native bf16 where "auto" picks bf16) only an
     explicit fp32 counts."""
-    from models.hf import bf16_chosen
+    from models.devices import bf16_chosen
 
     if backend not in ("transformers", "scripted"):
         return False
@@ -103,7 +103,7 @@ def sampler_computes_as_trainer(backend: str, dtype: str, device: str, remote_wo
 def load_trainable(path: str, cfg: TrainConfig, device: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from models.hf import sdpa_native_gqa
+    from models.hf.backend import sdpa_native_gqa
 
     sdpa_native_gqa(device)
 

@@ -77,7 +77,7 @@ def run_python(code: str, env: dict | None = None, **kw):
 @pytest.fixture(scope="session")
 def tiny_backend():
     """The tiny random Llama on the embedded tokenizer, in fp32 so comparisons are exact."""
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
 
     return TransformersBackend(resolve("tiny-random"), dtype="fp32", batch_size=16)

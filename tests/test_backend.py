@@ -196,7 +196,7 @@ def test_the_kv_cache_goes_by_the_keyword_the_installed_transformers_takes():
     transformers 5.17, generate's log-probs were off by up to 13 nats from a plain forward)."""
     import torch
 
-    from models.decoding import cache_kwarg
+    from models.hf.decoding import cache_kwarg
 
     class Old(torch.nn.Module):
         def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs): ...
@@ -229,7 +229,7 @@ def test_generate_reports_the_log_probs_a_plain_forward_gives(tiny_backend):
 def test_the_kv_budget_bounds_the_rows_decoding_together_without_changing_them(tiny_backend, monkeypatch):
     """With `kv_cache_gib` too small for all rows at once, fewer rows decode together (every cache buffer
     fits the budget, or holds one prompt's samples alone) and each row draws the same tokens (keyed sampling)."""
-    from models.decoding import BufferedLayer
+    from models.hf.decoding import BufferedLayer
 
     b = tiny_backend
     prompts = _render(b, [*PROMPTS, "Lorem ipsum dolor sit amet. " * 12 + "What is 4 + 4?", "Name a prime."])
@@ -294,7 +294,7 @@ def test_generate_and_score_samples_as_generate_and_scores_as_score(tiny_backend
 
 
 def test_sequence_states_score_as_score_and_sample_as_generate(tiny_backend):
-    """Kept sequence states (models/states.py): opening scores as `score_ids`; extending a prefix of a state
+    """Kept sequence states (models/hf/states.py): opening scores as `score_ids`; extending a prefix of a state
     (and then the extended state) scores its continuation as `score_ids` scores it after the full prefix; and
     sampling from a prefix of a state draws the keyed samples `generate_ids` draws from that prefix. Rows of
     different lengths, cut inside the prompt, inside the completion and at the end. A cut outside its state,

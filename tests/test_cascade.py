@@ -1,4 +1,4 @@
-"""Decode steps that attend to each shared prompt once (models/cascade.py): the same tokens and log-probs as
+"""Decode steps that attend to each shared prompt once (models/hf/cascade.py): the same tokens and log-probs as
 SDPA over every row's copy, through the real decode loop with prompts of different lengths, continuous
 batching (merges), rows leaving at different steps and whole prompts leaving; and a step with few rows per
 prompt left stays on SDPA."""
@@ -8,10 +8,10 @@ import copy
 import pytest
 import torch
 
-import models.cascade as cascade
+import models.hf.cascade as cascade
 from models.backend import Sampling
-from models.cascade import SharedPrompts
-from models.decoding import fill_holes
+from models.hf.cascade import SharedPrompts
+from models.hf.decoding import fill_holes
 
 QUESTIONS = ["What is 7 * 8?", "Add 3 and 4, then explain every step in detail, one by one.", "Count to five.",
              "Name a prime number above 100 and say why it is prime. " * 3, "Solve 2x + 3 = 11. " * 5]
@@ -77,8 +77,8 @@ def test_a_step_with_few_rows_per_prompt_or_short_prompts_stays_on_sdpa():
 def test_over_a_bf16_cache_the_cascade_attends_in_float32(monkeypatch):
     """A bf16 cache (the decoder on a CPU with native bf16, under bf16 autocast): the prompts are kept in
     float32, and a step's attention equals float32 SDPA over the same bf16 keys and values to float32 rounding,
-    where bf16 products would be off by bf16 rounding; its bf16 output equals models/decode_attention.py's."""
-    from models import decode_attention
+    where bf16 products would be off by bf16 rounding; its bf16 output equals models/hf/decode_attention.py's."""
+    from models.hf import decode_attention
 
     monkeypatch.setattr(cascade, "MIN_ROWS", 1)
     monkeypatch.setattr(cascade, "MIN_ROWS_PER_PROMPT", 1)
@@ -161,7 +161,7 @@ def test_attend_equals_sdpa_after_a_wider_prompt_merged_and_a_row_left(monkeypat
 
 def test_attend_equals_sdpa_after_a_whole_prompt_left_and_rows_moved_into_its_places(monkeypatch):
     """Prompts A, B, C (2 rows each); A's rows leave, and the decode batch moves C's rows into their places
-    (models/decoding.py fill_holes): rows C0, C1, B0, B1 are whole groups but not in group order, so the step
+    (models/hf/decoding.py fill_holes): rows C0, C1, B0, B1 are whole groups but not in group order, so the step
     must not take the [G, n] grid's shortcut. Attention equals SDPA over each row's cache."""
     monkeypatch.setattr(cascade, "MIN_ROWS", 1)
     monkeypatch.setattr(cascade, "MIN_ROWS_PER_PROMPT", 1)

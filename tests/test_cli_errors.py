@@ -157,7 +157,7 @@ def test_end_of_run_hint_is_shell_quoted():
 
 
 def test_a_long_multi_line_message_stays_one_readable_line():
-    from flows.errors import MAX_PARTS, one_line
+    from flows.cli.errors import MAX_PARTS, one_line
     from tasks.core.sources import BadRow
     from tasks.ingest import IngestRejected
 
@@ -177,24 +177,24 @@ def test_deliberate_not_found_errors_are_one_line_without_a_bug_hint(small_store
                                                                     args, needle):
     """Unknown prompt (real `refinery lineage`) and unknown table (storage's own check): the user's input,
     so one line, no type name, no "looks like a bug" hint."""
-    import flows.cli
+    import flows.cli.parser
     from storage.store import Store
 
     if args[0] == "sql":  # the deliberate raise site in Store.files, reached as a command would reach it
-        monkeypatch.setattr(flows.cli, "cmd_sql", lambda a: Store(a.store).files("nope"))
-    assert flows.cli.main([*args, "--store", small_store.root]) == 1
+        monkeypatch.setattr(flows.cli.parser, "cmd_sql", lambda a: Store(a.store).files("nope"))
+    assert flows.cli.parser.main([*args, "--store", small_store.root]) == 1
     assert capsys.readouterr().err.splitlines() == [f"refinery: error: {needle}"]
 
 
 def test_a_bare_key_error_is_reported_as_a_bug(small_store, capsys, monkeypatch):
     """`data["choices"]` on a malformed answer is a programming slip: type name, quotes, and the bug hint."""
-    import flows.cli
+    import flows.cli.parser
 
     def slip(a):
         return {}["choices"]
 
-    monkeypatch.setattr(flows.cli, "cmd_lineage", slip)
-    assert flows.cli.main(["lineage", "x", "--store", small_store.root]) == 1
+    monkeypatch.setattr(flows.cli.parser, "cmd_lineage", slip)
+    assert flows.cli.parser.main(["lineage", "x", "--store", small_store.root]) == 1
     assert capsys.readouterr().err.splitlines() == [
         "refinery: error: KeyError: 'choices'",
         "hint: this looks like a bug: rerun with --debug (or REFINERY_DEBUG=1) for the traceback"]

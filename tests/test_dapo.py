@@ -116,8 +116,8 @@ def scripted_dapo(*extra: str) -> list[str]:
 
 
 def _select_and_collect(store: Store, run: str, sets: list[str]) -> dict:
+    from tasks.collect import collect_task
     from tasks.pool import pool_task
-    from tasks.rollout import collect_task
     from tasks.select import select_task
 
     cfg = load_config(sets=sets)
@@ -176,7 +176,7 @@ def test_the_cap_leaves_the_batch_short_and_says_so(store):
     assert d["kept"] < 6 and d["short"] == 6 - d["kept"] and d["cap_hit"]
     n = q(store, "SELECT count(DISTINCT prompt_id) AS n FROM rollouts WHERE run_id = 'c'")[0]["n"]
     assert n == d["kept"] == out["prompts"]
-    from flows.run_summary import short_batch as _short_batch
+    from flows.cli.run_summary import short_batch as _short_batch
 
     assert _short_batch(d) == f"; the batch is SHORT by {d['short']} groups (the cap of 1 generation batch was hit)"
 

@@ -1,11 +1,11 @@
-"""models/decode_attention.py: a bf16 decode step's attention computed in float32 equals SDPA's to float rounding,
+"""models/hf/decode_attention.py: a bf16 decode step's attention computed in float32 equals SDPA's to float rounding,
 is taken only where it applies, and a bf16 backend's decode steps run through it."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from models import decode_attention
+from models.hf import decode_attention
 
 
 def _inputs(rows: int = 5, heads: int = 9, kv: int = 3, width: int = 37, dim: int = 16, seed: int = 0):
@@ -82,12 +82,12 @@ def test_it_applies_to_half_precision_decode_steps_without_gradients_only():
 
 
 def test_a_bf16_backends_decode_steps_take_it_and_report_the_scored_log_probs(monkeypatch, attend_calls):
-    import models.hf
+    import models.hf.backend
     from models.backend import Sampling
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
 
-    monkeypatch.setattr(models.hf, "amx_bf16", lambda device: False)  # a CPU without AMX, whatever runs this
+    monkeypatch.setattr(models.hf.backend, "amx_bf16", lambda device: False)  # a CPU without AMX, whatever runs this
     backend = TransformersBackend(resolve("tiny-random"), dtype="bf16")
     assert backend.float32_decode_attention and backend.shared_prompt_attention
     prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
@@ -102,11 +102,11 @@ def test_a_bf16_backends_decode_steps_take_it_and_report_the_scored_log_probs(mo
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_with_amx_a_bf16_decoder_keeps_sdpa_and_an_fp32_one_the_cascade(monkeypatch, caplog, dtype, attend_calls):
     """On a CPU with AMX, torch's SDPA over a bf16 cache beat the float32 cast and the float32 cascade (models/
-    hf.py): a bf16 decoder's steps take neither, whatever the mask or the number of samples; fp32 changes nothing."""
-    import models.cascade as cascade
-    import models.hf
+    backend.py): a bf16 decoder's steps take neither, whatever the mask or the number of samples; fp32 changes nothing."""
+    import models.hf.backend
+    import models.hf.cascade as cascade
     from models.backend import Sampling
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
 
     monkeypatch.setattr(cascade, "MIN_ROWS", 1)  # every step with shared prompts would take the cascade
@@ -115,7 +115,7 @@ def test_with_amx_a_bf16_decoder_keeps_sdpa_and_an_fp32_one_the_cascade(monkeypa
     cascaded = []
     real = cascade.SharedPrompts.attend
     monkeypatch.setattr(cascade.SharedPrompts, "attend", lambda self, *a: cascaded.append(1) or real(self, *a))
-    monkeypatch.setattr(models.hf, "amx_bf16", lambda device: device == "cpu")
+    monkeypatch.setattr(models.hf.backend, "amx_bf16", lambda device: device == "cpu")
     with caplog.at_level("INFO", logger="refinery.models"):
         backend = TransformersBackend(resolve("tiny-random"), dtype=dtype)
     out = backend.generate_ids([[5, 6, 7, 8, 9], [10, 11, 12]], 3, Sampling(1.0, 1.0, 8, 3), row_seeds=[1, 2])
@@ -129,10 +129,11 @@ def test_with_amx_a_bf16_decoder_keeps_sdpa_and_an_fp32_one_the_cascade(monkeypa
 
 
 def test_the_paths_follow_the_cpus_amx_flag(monkeypatch):
-    """models.devices reads AMX from the CPU's flags, and models/hf.py's choice follows it: without AMX a bf16
+    """models.devices reads AMX from the CPU's flags, and models/hf/backend.py's choice follows it: without AMX a bf16
     decoder takes both float32 paths, with AMX neither; fp32 keeps the cascade; a GPU never takes the float32
     attention."""
-    from models import devices, hf
+    from models import devices
+    from models.hf import backend as hf
 
     monkeypatch.setattr(devices, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     assert devices.native_bf16("cpu") and not devices.amx_bf16("cpu")
@@ -156,7 +157,7 @@ def test_generate_without_the_keyword_attends_as_asked(attend_calls):
     on SDPA unless a block asks for the float32 path (benchmarks/rollout.py's ceilings, as the sampler runs)."""
     from transformers import AutoModelForCausalLM
 
-    from models import cascade
+    from models.hf import cascade
     from models.registry import resolve
 
     cascade.install()

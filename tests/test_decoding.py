@@ -1,10 +1,10 @@
-"""The decode loop's pieces (models/decoding.py): exact inverse-CDF sampling, keyed uniforms, and the
+"""The decode loop's pieces (models/hf/decoding.py): exact inverse-CDF sampling, keyed uniforms, and the
 preallocated KV cache checked against plain concatenation."""
 
 import pytest
 import torch
 
-from models.decoding import BufferedLayer, draw, fill_holes, keyed_uniforms, sample_cdf
+from models.hf.decoding import BufferedLayer, draw, fill_holes, keyed_uniforms, sample_cdf
 
 
 def _grid(n: int) -> torch.Tensor:

@@ -133,7 +133,7 @@ def test_serve_deploys_runs_a_curriculum_and_stops_clean(tmp_path, serve_env, mo
         stop_s = time.monotonic() - t2
     finally:
         if proc.poll() is None:  # the test failed midway: take everything down
-            from flows.serve import stop_running
+            from flows.server.serve import stop_running
 
             with contextlib.suppress(Exception):
                 stop_running(store / ".prefect", timeout=30)
@@ -187,8 +187,8 @@ def _write_state(home: Path, pid: int, created: float, port: int, children: list
 def test_stop_ends_what_a_killed_serve_left_behind(tmp_path):
     """serve died without stopping its children: --stop stops the recorded groups itself, escalates to SIGKILL
     for a worker that ignores SIGINT, and ends the process the worker had put in a session of its own."""
-    from flows.serve import stop_running
-    from flows.sessions import Child
+    from flows.server.serve import stop_running
+    from flows.server.sessions import Child
 
     stubborn = ("import signal, subprocess, sys, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
                 "p = subprocess.Popen(['sleep', '300'], start_new_session=True); print(p.pid, flush=True); "
@@ -210,7 +210,7 @@ def test_stop_ends_what_a_killed_serve_left_behind(tmp_path):
 
 
 def test_a_second_serve_on_the_same_home_is_refused(tmp_path):
-    from flows.serve import ServeError, start
+    from flows.server.serve import ServeError, start
 
     me = psutil.Process()
     _write_state(tmp_path / "home", me.pid, me.create_time(), 4200, [])

@@ -1,4 +1,4 @@
-"""`refinery run` starts Prefect's temporary server as it begins (flows/early_server.py): the flow's client takes
+"""`refinery run` starts Prefect's temporary server as it begins (flows/server/early_server.py): the flow's client takes
 that very server, a server Prefect's settings do not want or that failed is stopped and Prefect starts its own
 as before, a command that fails before its flow leaves neither a server nor a Prefect home behind, and nothing
 starts where the environment names a server.
@@ -18,7 +18,7 @@ import psutil
 import pytest
 from test_cli_errors import assert_one_line_error, refinery
 
-from flows.early_server import start_early
+from flows.server.early_server import start_early
 
 SERVER_APP = "prefect.server.api.server:create_app"
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,9 +67,9 @@ def run_child(script: str, home: Path, *args: str) -> str:
 
 def test_the_flow_runs_on_the_server_started_early(tmp_path):
     out = run_child("""
-        from flows.prefect_home import seed_database
+        from flows.server.prefect_home import seed_database
         seed_database(Path(os.environ["PREFECT_HOME"]))
-        from flows.early_server import start_early
+        from flows.server.early_server import start_early
         early = start_early()
         assert early is not None and children() == [early.process.pid]
         assert early.ready()
@@ -92,7 +92,7 @@ def test_cancel_stops_the_server_at_once(tmp_path):
     for wait in ("0", "4"):  # before the child could answer, and once uvicorn handles SIGTERM (it then waits)
         out = run_child("""
             import sys, time
-            from flows.early_server import start_early
+            from flows.server.early_server import start_early
             early = start_early()
             time.sleep(float(sys.argv[1]))
             t = time.monotonic()
@@ -114,7 +114,7 @@ def test_a_server_the_settings_do_not_want_or_that_failed_is_dropped_for_prefect
     (home / "profiles.toml").write_text('active = "elsewhere"\n[profiles.elsewhere]\n'
                                         'PREFECT_API_URL = "http://127.0.0.1:9/api"\n')
     out = run_child("""
-        from flows.early_server import start_early
+        from flows.server.early_server import start_early
         early = start_early()
         assert early is not None  # the environment names no server
         assert not early.ready()
@@ -123,9 +123,9 @@ def test_a_server_the_settings_do_not_want_or_that_failed_is_dropped_for_prefect
     """, home)
     assert "unused" in out
     out = run_child("""
-        from flows.prefect_home import seed_database
+        from flows.server.prefect_home import seed_database
         seed_database(Path(os.environ["PREFECT_HOME"]))
-        from flows.early_server import start_early
+        from flows.server.early_server import start_early
         early = start_early()
         early.process.kill()
         assert not early.ready()
@@ -144,9 +144,9 @@ def test_a_server_the_settings_do_not_want_or_that_failed_is_dropped_for_prefect
 
 BAD_CONFIG = """
 import argparse, sys
-import flows.commands as commands
-import flows.early_server as early_server
-import flows.prefect_setup as prefect_setup
+import flows.cli.commands as commands
+import flows.server.early_server as early_server
+import flows.server.prefect_setup as prefect_setup
 
 for store, mode in zip(map(Path, sys.argv[1::2]), sys.argv[2::2]):  # one interpreter: the imports once
     started = []
@@ -216,8 +216,8 @@ def test_nothing_starts_early_where_an_api_url_is_set(prefect_api, monkeypatch):
 
 OTHER_COMMANDS = """
 import sys
-import flows.early_server as early_server
-import flows.prefect_setup as prefect_setup
+import flows.server.early_server as early_server
+import flows.server.prefect_setup as prefect_setup
 from flows.cli import main
 
 started = []
@@ -240,12 +240,12 @@ for case in sys.argv[1:]:  # one interpreter: the imports once
 
 
 def test_refused_input_of_other_commands_stops_before_any_flow(tmp_path):
-    """eval, rescore and compare check their input while the early server starts (flows/prefect_setup.py
+    """eval, rescore and compare check their input while the early server starts (flows/server/prefect_setup.py
     `early_prefect`): the server was started, is killed by the refusal, and the refusal is one line per
     command. The Prefect home and database made for the server are gone again, as only a refusal before the
     flow leaves them (a flow that failed would have written its run into that database); a home folder that
     existed without a database (made by `refinery report`) stays, without the database seeded into it."""
-    from flows.prefect_home import migrated_template, seed_database
+    from flows.server.prefect_home import migrated_template, seed_database
     from storage.store import Store
     from tasks.ingest import ingest_source
 

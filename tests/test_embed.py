@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tasks.embed import embed, embed_policy, policy_vectors
+from tasks.selectors.embed import embed, embed_policy, policy_vectors
 
 TEXTS = ["What is 7 times 8?", "Compute the sum of 12, 5 and 30, then subtract four from the total."]
 

@@ -12,9 +12,9 @@ from conftest import run_cli
 from test_eval_dataset import SETS as SCRIPTED
 
 from storage.query import scan, sql
-from tasks.comparison import frame, query, run_curves
-from tasks.comparison_page import build, markdown
-from tasks.comparison_plots import plots
+from tasks.compare.figures import frame, query, run_curves
+from tasks.compare.page import build, markdown
+from tasks.compare.plots import plots
 from tasks.core.curves import at_budget, matched_budget
 
 # the scripted backend (real groups with mixed rewards, so GRPO takes steps) with training on; a batch of 2

@@ -58,7 +58,7 @@ def test_collect_records_fewshot_demonstrations(store):
 
     from flows.config import load_config
     from storage.query import sql
-    from tasks.rollout import collect_task
+    from tasks.collect import collect_task
 
     cfg = load_config(sets=[*TINY, "rollout.fewshot_p0=1.0", "rollout.fewshot_k=1", "rollout.lope_prefixes=0"])
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -177,7 +177,7 @@ def test_collect_never_shows_a_rung_its_own_lineage(store):
 
     from flows.config import load_config
     from storage.query import sql
-    from tasks.rollout import collect_task
+    from tasks.collect import collect_task
 
     cfg = load_config(sets=[*TINY, "rollout.fewshot_p0=1.0", "rollout.fewshot_k=2", "rollout.lope_prefixes=0",
                             "rollout.group_size=2"])

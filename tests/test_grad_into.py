@@ -1,4 +1,4 @@
-"""Weight gradients added into .grad in place (models/grad_into.py): autograd's gradients to float rounding,
+"""Weight gradients added into .grad in place (models/training/grad_into.py): autograd's gradients to float rounding,
 tied and untied, accumulated over backward calls and over a GRPO round; no vocabulary-sized temporary in the
 backward; the patch lasts only its block and steps aside where it would not be exact."""
 
@@ -9,7 +9,7 @@ import torch
 from conftest import assert_trains_alike, grpo_batch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from models.grad_into import grads_in_place, in_place_modules
+from models.training.grad_into import grads_in_place, in_place_modules
 from tasks.core.passes import completion_logprobs
 from tasks.core.prefix import shared_completion_logprobs
 

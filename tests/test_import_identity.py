@@ -171,7 +171,7 @@ def test_rewards_must_be_finite_and_in_range(store, tmp_path):
                 (4, "reward nan is not a finite number"), (5, "reward inf is not a finite number"),
                 (6, "reward 1e+308 is beyond ±1e+15"), (7, "reward -1e+308 is beyond ±1e+15")]
     line = assert_one_line_error(p, "r.jsonl: rejected, 6 bad row(s), nothing written")
-    for n, problem in problems[:5]:  # the one line keeps the first five (flows/errors.py MAX_PARTS)
+    for n, problem in problems[:5]:  # the one line keeps the first five (flows/cli/errors.py MAX_PARTS)
         assert f"r.jsonl line {n}: {problem}" in line
     assert not Path(store.root).exists()
     code, out, err = run_cli("import", "plain", str(dump), "--run-id", "r", "--store", store.root, "--skip-invalid",

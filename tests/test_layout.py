@@ -53,7 +53,7 @@ def _project_imports() -> dict[str, set[str]]:
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                # `from flows import sessions` imports flows.sessions; `from tasks.x import f` imports tasks.x
+                # `from flows import sessions` imports flows.server.sessions; `from tasks.x import f` imports tasks.x
                 targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
             else:
                 continue
@@ -65,7 +65,7 @@ def test_no_import_cycles_between_project_modules():
     """A cycle (cli <-> serve, ladder <-> rewards were two) makes import order matter and layers invisible; lazy
     imports hid both, so imports inside functions count too."""
     graph = _project_imports()
-    assert len(graph) > 30 and graph["flows.serve"] and graph["tasks.strategies.ladder"]
+    assert len(graph) > 30 and graph["flows.server.serve"] and graph["tasks.strategies.ladder"]
     cycles, state = [], {}
 
     def visit(m: str, path: list[str]) -> None:
@@ -128,3 +128,59 @@ def test_modules_stay_small_or_say_why():
         if n > MAX_LINES and "over 300 lines because" not in (ast.get_docstring(ast.parse(text)) or ""):
             offenders.append(f"{f.relative_to(ROOT)} ({n} lines)")
     assert not offenders, f"over {MAX_LINES} lines with no reason in the docstring: " + ", ".join(offenders)
+
+
+def _decorated(f: Path, names: tuple[str, ...]) -> list[str]:
+    """Module-level functions of `f` decorated with one of `names` (`@stage("x")`, `@task(...)`, `@flow`)."""
+    out = []
+    for node in ast.parse(f.read_text()).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            for d in node.decorator_list:
+                target = d.func if isinstance(d, ast.Call) else d
+                if isinstance(target, ast.Name) and target.id in names:
+                    out.append(node.name)
+    return out
+
+
+def test_the_tasks_root_holds_only_stages_one_per_module():
+    """issue 48's house: a module at tasks/'s root is one stage, named for it; helpers live in sub-folders."""
+    offenders = []
+    for f in sorted((ROOT / "tasks").glob("*.py")):
+        if f.name in ("__init__.py", "stage.py"):
+            continue
+        stages = _decorated(f, ("stage", "task"))
+        if len(stages) != 1:
+            offenders.append(f"{f.name}: {stages or 'no stage'}")
+    assert not offenders, "tasks/ root modules that are not exactly one stage: " + "; ".join(offenders)
+    assert (ROOT / "tasks" / "collect.py").exists()
+
+
+NOT_FLOWS = {"config", "preflight", "sampler", "compare"}  # compare runs curriculum flows side by side
+
+
+def test_the_flows_root_holds_flows_config_preflight_and_the_sampler():
+    offenders = [f.name for f in sorted((ROOT / "flows").glob("*.py"))
+                 if f.name != "__init__.py" and f.stem not in NOT_FLOWS and len(_decorated(f, ("flow",))) != 1]
+    assert not offenders, "flows/ root modules that are neither a flow nor config/preflight/sampler/compare: " \
+        + ", ".join(offenders)
+
+
+def test_folders_are_the_agreed_ones():
+    """One kind of thing per folder (DESIGN.md's layout): a new folder is a decision, so this test names them."""
+    def subfolders(pkg: str) -> set[str]:
+        return {p.name for p in (ROOT / pkg).iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+
+    assert subfolders("flows") == {"cli", "server"}
+    assert subfolders("tasks") == {"core", "strategies", "sampling", "selectors", "reporting", "compare", "interop"}
+    assert subfolders("models") == {"hf", "training"}
+
+
+def test_no_core_module_imports_the_transformers_backend():
+    """Pure cores run under autocast from models/training, never by importing models/hf (a 500-line backend)."""
+    offenders = []
+    for f in sorted((ROOT / "tasks" / "core").glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            offenders += [f"{f.name}: {n}" for n in names if n == "models.hf" or n.startswith("models.hf.")]
+    assert not offenders, "core modules importing the transformers backend: " + "; ".join(offenders)

@@ -92,8 +92,8 @@ def test_collect_resamples_all_fail_groups(store):
 
     from flows.config import load_config
     from storage.query import sql
+    from tasks.collect import collect_task
     from tasks.pool import pool_task
-    from tasks.rollout import collect_task
 
     cfg = load_config(sets=[*TINY, "rollout.lope_max_groups=3", "rollout.lope_prefixes=2", "rollout.lope_samples=2"])
     pool_task.fn(round_ctx(store, "l", 0), cfg.pool)

@@ -1,4 +1,4 @@
-"""models/packed.py: oneDNN's packed linears serve the decode steps, equal F.linear to float rounding, repack
+"""models/hf/packed.py: oneDNN's packed linears serve the decode steps, equal F.linear to float rounding, repack
 when a weight changes, and step aside for gradients, wide calls, handed-in models and weights neither fp32 nor
 bf16 (bf16 where oneDNN computes it natively)."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import packed
 from models.devices import native_bf16
+from models.hf import packed
 
 
 def _layer(seed: int = 0) -> torch.nn.Linear:
@@ -52,7 +52,7 @@ def test_a_weight_written_in_place_is_packed_again():
 @needs_onednn
 def test_backend_installs_it_on_its_own_fp32_cpu_model_only():
     from models.backend import Sampling
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
 
     own = TransformersBackend(resolve("tiny-random"), dtype="fp32")
@@ -124,7 +124,7 @@ def test_bf16_weights_pack_too_and_match_f_linear():
 @needs_onednn_bf16
 def test_backend_packs_its_own_bf16_model():
     from models.backend import Sampling
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
 
     own = TransformersBackend(resolve("tiny-random"), dtype="bf16")

@@ -1,4 +1,4 @@
-"""A fresh Prefect home starts from the cached migrated database (flows/prefect_home.py seed_database): copied
+"""A fresh Prefect home starts from the cached migrated database (flows/server/prefect_home.py seed_database): copied
 only where this process's ephemeral server would migrate a new file, never over a database, never half-written;
 a template that cannot be made leaves the home to Prefect's own migration."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import flows.prefect_home as ph
-from flows.prefect_home import DATABASE, migrated_template, schema_version, seed_database
+import flows.server.prefect_home as ph
+from flows.server.prefect_home import DATABASE, migrated_template, schema_version, seed_database
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from conftest import store_digest
 from test_cli_errors import refinery
 
 from storage.store import Store
-from tasks.import_run import import_dump
 from tasks.ingest import ingest_source
+from tasks.interop.import_run import import_dump
 
 BUG_HINT = "this looks like a bug"
 

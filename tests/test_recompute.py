@@ -1,4 +1,4 @@
-"""Memory-lean training passes (models/recompute.py): RMSNorms and gated MLPs keep only their inputs, the
+"""Memory-lean training passes (models/training/recompute.py): RMSNorms and gated MLPs keep only their inputs, the
 gradients stay those of the library's forward, the patch lasts only its block, and a pass keeps fewer bytes."""
 
 import copy
@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import assert_trains_alike
 
-from models.packed import PackedForward
-from models.recompute import lean_activations, lean_modules, rms_norm
+from models.hf.packed import PackedForward
+from models.training.recompute import lean_activations, lean_modules, rms_norm
 
 
 def _saved_bytes(fn):
@@ -71,7 +71,7 @@ def test_train_round_rows_and_weights_match_the_library_forward(tiny_backend, dt
 
 
 def test_the_patch_lasts_only_its_block(tiny_backend):
-    def patched(model):  # a forward set on a module, beside the backend's packed linears (models/packed.py)
+    def patched(model):  # a forward set on a module, beside the backend's packed linears (models/hf/packed.py)
         return any(not isinstance(m.__dict__.get("forward"), (type(None), PackedForward)) for m in model.modules())
 
     model = copy.deepcopy(tiny_backend.model)

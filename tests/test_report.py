@@ -20,8 +20,8 @@ from conftest import q
 from PIL import Image
 
 from storage.store import Store
-from tasks import report_plots
 from tasks.report import PLOTS, publish_round_artifacts, round_table, run_frames, slug, write_report
+from tasks.reporting import plots as report_plots
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_curriculum import TINY  # noqa: E402

@@ -50,7 +50,7 @@ def test_protocol_and_real_logprobs(scripted):
     short = b.generate(prompts[:1], 2, Sampling(temperature=0.7, max_new_tokens=5, seed=3))[0]
     assert all(c.finish_reason == "length" and c.n_tokens == 5 for c in short)
     assert [c.token_ids for c in short] == [c.token_ids[:5] for c in out[0][:2]]
-    from tasks.embed import embed_policy  # the `policy` embedder reads the wrapped model's hidden states
+    from tasks.selectors.embed import embed_policy  # the `policy` embedder reads the wrapped model's hidden states
 
     vecs = embed_policy(["What is 7 * 8?", "Hi"], b)
     assert vecs.shape == (2, b.model.config.hidden_size) and torch.allclose(torch.tensor(vecs).norm(dim=1),
@@ -342,7 +342,7 @@ def test_each_round_samples_the_checkpoint_the_last_one_trained(run):
     (rollout.temperature 0.7, as generate reports them), and v1's weights moved."""
     from safetensors.torch import load_file
 
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
 
     store, _ = run
     paths = {r["policy_version"]: r["path"] for r in q(store, f"SELECT policy_version, path FROM checkpoints "

@@ -111,7 +111,7 @@ def test_dapo_filter_draws_the_first_generation_batch():
 
 
 def test_embeddings_are_cached_in_the_store(store):
-    from tasks.embed import cached_embeddings
+    from tasks.selectors.embed import cached_embeddings
 
     prompts = pl.DataFrame({"prompt_id": ["a", "b"], "text": ["What is 2 + 2?", "Compute 7 * 8."]})
     x1, fresh1 = cached_embeddings(store, prompts, "hashing")
@@ -123,7 +123,7 @@ def test_embeddings_are_cached_in_the_store(store):
 
 
 def test_minilm_embeds_offline_and_separates_topics():
-    from tasks.embed import embed_minilm
+    from tasks.selectors.embed import embed_minilm
 
     v = embed_minilm(["What is 7 times 8?", "Compute the product of 6 and 9.", "Write a poem about the sea."])
     assert v.shape == (3, 384) and np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
@@ -131,9 +131,9 @@ def test_minilm_embeds_offline_and_separates_topics():
 
 
 def test_a_stage_that_embeds_drops_the_embedder_when_it_ends(store):
-    """MiniLM lives for the stage that embeds, not through collect and training (tasks/embed.py
+    """MiniLM lives for the stage that embeds, not through collect and training (tasks/selectors/embed.py
     release_embedder, called by every stage's wrapper), and loads again for the next stage that needs it."""
-    from tasks.embed import _minilm, embed_minilm
+    from tasks.selectors.embed import _minilm, embed_minilm
     from tasks.stage import stage
 
     held = []
@@ -153,7 +153,7 @@ def test_a_stage_that_embeds_drops_the_embedder_when_it_ends(store):
 def test_policy_embeddings_of_each_checkpoint_are_cached_apart(store, tiny_backend):
     """A new checkpoint embeds the same prompts again (its hidden states differ) and lands them under its own
     key; asking again for either checkpoint computes nothing."""
-    from tasks.embed import cached_embeddings
+    from tasks.selectors.embed import cached_embeddings
 
     prompts = pl.DataFrame({"prompt_id": ["a", "b"], "text": ["What is 2 + 2?", "Compute 7 * 8."]})
     assert cached_embeddings(store, prompts, "policy", tiny_backend, namespace="v0")[1] == 2

@@ -227,7 +227,7 @@ def stopping_tiny():
     sampler's own log-probs serve as q(s' | c, y_<i)."""
     import torch
 
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
 
     b = TransformersBackend(resolve("tiny-random"), dtype="fp32", batch_size=16)
@@ -295,7 +295,7 @@ def test_mh_takes_q_of_the_proposal_from_the_sampler(stopping_tiny, monkeypatch)
 
 def test_kept_states_make_the_chains_of_prompts_scored_afresh(stopping_tiny, monkeypatch):
     """Several MH steps with accepted moves (so later steps start from states extended by earlier ones): the
-    chains with kept states (models/states.py) make the same decisions and end in the same traces as the same
+    chains with kept states (models/hf/states.py) make the same decisions and end in the same traces as the same
     chains computing every prompt afresh (generate_and_score_ids and score_ids), and their log-probs agree."""
     b = stopping_tiny
     kept, *_ = _setup(b, 16, lambda ids: True)

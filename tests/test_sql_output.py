@@ -1,5 +1,5 @@
 """`refinery sql` prints every DuckDB type in every format, never crashes on its output, and bounds what one
-query may cost: a row cap on the table, a timeout, DuckDB's memory and threads (flows/sql_output.py,
+query may cost: a row cap on the table, a timeout, DuckDB's memory and threads (flows/cli/sql_output.py,
 storage/query.py `query_batches`, `sql_limits`)."""
 
 import io
@@ -10,7 +10,7 @@ import duckdb
 import pytest
 from test_cli_errors import REFINERY, assert_one_line_error, refinery
 
-from flows.sql_output import unique_names, write_result
+from flows.cli.sql_output import unique_names, write_result
 from storage.query import machine_memory, query_batches
 from storage.store import Store
 from tasks.ingest import ingest_source
@@ -229,7 +229,7 @@ def _panic() -> BaseException:
     (lambda: KeyboardInterrupt(), 130, ["refinery: error: interrupted"]),
 ], ids=["rust-panic", "ctrl-c"])
 def test_main_turns_any_base_exception_into_one_line(store, monkeypatch, capsys, raised, rc, lines):
-    import flows.cli
+    import flows.cli.parser
 
     exc = raised()
     assert not isinstance(exc, Exception)  # what `except Exception` missed
@@ -237,18 +237,18 @@ def test_main_turns_any_base_exception_into_one_line(store, monkeypatch, capsys,
     def cmd(a):
         raise exc
 
-    monkeypatch.setattr(flows.cli, "cmd_sql", cmd)
-    assert flows.cli.main(["sql", "SELECT 1", "--store", store.root]) == rc
+    monkeypatch.setattr(flows.cli.parser, "cmd_sql", cmd)
+    assert flows.cli.parser.main(["sql", "SELECT 1", "--store", store.root]) == rc
     assert capsys.readouterr().err.splitlines() == lines
 
 
 @pytest.mark.parametrize("exc", [SystemExit(3), GeneratorExit()])
 def test_main_lets_exit_and_generator_exit_through(store, monkeypatch, exc):
-    import flows.cli
+    import flows.cli.parser
 
     def cmd(a):
         raise exc
 
-    monkeypatch.setattr(flows.cli, "cmd_sql", cmd)
+    monkeypatch.setattr(flows.cli.parser, "cmd_sql", cmd)
     with pytest.raises(type(exc)):
-        flows.cli.main(["sql", "SELECT 1", "--store", store.root])
+        flows.cli.parser.main(["sql", "SELECT 1", "--store", store.root])

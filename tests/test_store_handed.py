@@ -222,7 +222,7 @@ def test_a_prefect_home_that_cannot_be_made_is_named(work, store, home, says):
                                       ("closed", "PREFECT_API_URL=http://127.0.0.1:{port}/api: no Prefect API answers")],
                          ids=["not-a-url", "closed-port"])
 def test_a_prefect_api_that_cannot_be_reached_is_named(work, store, url, says):
-    from flows.early_server import free_port
+    from flows.server.early_server import free_port
 
     port = free_port()  # free a moment ago: nothing listens there
     url = url if url != "closed" else f"http://127.0.0.1:{port}/api"

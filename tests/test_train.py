@@ -61,7 +61,7 @@ def _learn(target_rewarded: bool, rounds: int = 2) -> list[float]:
     from transformers import AutoModelForCausalLM
 
     from models.backend import Sampling
-    from models.hf import TransformersBackend
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
 
     path = resolve("tiny-random")

@@ -57,7 +57,7 @@ def browser_run(tmp_path_factory):
     except subprocess.TimeoutExpired:  # SIGTERM lets the script stop serve; serve --stop covers the rest
         proc.terminate()
         _, stderr = proc.communicate(timeout=120)
-        from flows.serve import ServeError, stop_running
+        from flows.server.serve import ServeError, stop_running
 
         with contextlib.suppress(ServeError):
             stop_running(store.resolve() / ".prefect", timeout=60)

@@ -60,16 +60,16 @@ class Lines(logging.Handler):
 
 
 def test_collect_flags_counts_and_logs_timeouts_and_scores_the_rest(store, two_prompts, tiny_backend, monkeypatch):
-    import tasks.rollout
+    import tasks.collect
 
     answers, ids = two_prompts
     land_pool(store, "t", 0, ids)
-    monkeypatch.setattr(tasks.rollout, "load_generator", lambda *a, **k: ScriptBackend(tiny_backend, answers))
+    monkeypatch.setattr(tasks.collect, "load_generator", lambda *a, **k: ScriptBackend(tiny_backend, answers))
     cfg = RolloutConfig(group_size=4, fewshot_k=0, lope_prefixes=0)
     logged = Lines()  # on the logger itself: Prefect's logging set-up replaces the root handlers caplog uses
     logging.getLogger("refinery.verify").addHandler(logged)
     try:
-        out = tasks.rollout.collect_task.fn(round_ctx(store, "t", 0, model=ModelConfig(policy="tiny-random")), cfg,
+        out = tasks.collect.collect_task.fn(round_ctx(store, "t", 0, model=ModelConfig(policy="tiny-random")), cfg,
                                             RewardConfig(), SelectConfig())
     finally:
         logging.getLogger("refinery.verify").removeHandler(logged)

@@ -1,5 +1,5 @@
 """A dump's identity: a digest of the files its reader reads (`refinery import` keys a run by it, not by the
-dump's path: tasks/import_run.py).
+dump's path: tasks/interop/import_run.py).
 
 sha256 over each file's path relative to the dump folder (empty for a dump that is one file, so a renamed copy
 is the same dump), its size and its bytes, streamed in 1 MiB blocks (dumps can be large), in path order. Files

@@ -13,7 +13,7 @@ would hand the policy the answer (the mcq10 rung of "What is 7*8?" was shown its
 \\boxed{56}). Both the prompts and the demonstrations must therefore carry `root_id`; without it no
 demonstration can be chosen and the call fails with a one-line error, rather than risk the leak. The choice is
 seeded per (run, round, prompt), and the demonstrations used are recorded on every rollout row
-(`augmentation`), so the effect can be queried later. tasks/fewshot.py reads the demonstrations from the store.
+(`augmentation`), so the effect can be queried later. tasks/sampling/demonstrations.py reads the demonstrations from the store.
 """
 
 from __future__ import annotations

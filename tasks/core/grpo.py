@@ -29,10 +29,10 @@ from pydantic import Field
 
 from models.backend import logprob_temperature
 from models.config import Section
-from models.grad_into import grads_in_place
-from models.hf import autocast, no_autocast
 from models.memory import release_memory, trim_heap
-from models.recompute import lean_activations
+from models.training.autocast import autocast, no_autocast
+from models.training.grad_into import grads_in_place
+from models.training.recompute import lean_activations
 from tasks.core.lope import RATIO_FLOOR
 from tasks.core.passes import batched_logprobs, forward_passes, pad_rows
 
@@ -72,10 +72,10 @@ class TrainConfig(Section):
                               "(prompt-level mini-batches, as verl's), so the training forward runs each prompt "
                               "once per group; false: rows are shuffled across steps, splitting groups")
     lean_activations: bool = Field(True, description="RMSNorms and gated MLPs keep only their inputs for the "
-                                   "backward and rerun themselves in it (models/recompute.py): less activation "
+                                   "backward and rerun themselves in it (models/training/recompute.py): less activation "
                                    "memory, the same gradients to float rounding; false: the library's forward")
     grads_in_place: bool = Field(True, description="the embedding and output layer add their weight gradients "
-                                 "into .grad in place (models/grad_into.py): no vocabulary-sized temporaries at "
+                                 "into .grad in place (models/training/grad_into.py): no vocabulary-sized temporaries at "
                                  "the end of each backward, the same gradients to float rounding; false: autograd's")
     max_grad_norm: float = Field(1.0, gt=0.0, le=1e6, description="gradient clipping by global norm")
     lora_rank: int = Field(16, ge=1, le=1024, description="lora mode: rank of the adapters")

@@ -38,7 +38,7 @@ randomness (cut points, acceptance uniforms, the suffix tokens via keyed samplin
 trace's chain is the same batched or alone (`shape_traces(batched=False)`).
 Kept states (`ChainStates`, where the backend keeps sequence states: transformers). Every prompt a chain
 computes is a prefix of its current trace: c, y_<i of c, y and x, y_<i of x, y. So each chain keeps the
-model's keys, values and hidden states over c, y and x, y (models/states.py) and q's log-probs of y: the
+model's keys, values and hidden states over c, y and x, y (models/hf/states.py) and q's log-probs of y: the
 proposal samples from the first |c| + i positions without a prefill, q(s | c, y_<i) is read off, pi(s' | x,
 y_<i) runs s' alone over the first |x| + i positions, and an accepted move extends the proposal state by s'
 (the policy state it was scored with becomes the chain's). Per step the model runs the proposals' tokens and
@@ -185,7 +185,7 @@ def decide(t: Trace, move: Move, suffix: list[int], pi_new: list[float], q_old: 
 
 
 class ChainStates:
-    """Each chain's model states (models/states.py) where the backend keeps them (`open_states`): the policy's
+    """Each chain's model states (models/hf/states.py) where the backend keeps them (`open_states`): the policy's
     over x, y and the proposal's over c, y, with q's per-token log-probs of y. A proposal then starts from the
     first |c| + i positions of the proposal state (no prefill), q(s | c, y_<i) is read off the cache,
     pi(s' | x, y_<i) computes only s' over the policy state's first |x| + i positions, and an accepted move

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from models.backend import logprob_temperature
-from models.hf import autocast
+from models.training.autocast import autocast
 from tasks.core.prefix import shared_completion_logprobs, shared_micro_batches, token_logprobs
 
 

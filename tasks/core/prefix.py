@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from models.backend import logprob_temperature
-from models.hf import autocast, no_autocast
+from models.training.autocast import autocast, no_autocast
 
 ENTROPY_SLICE = 64  # positions per slice of the entropy's [positions, vocab] temporaries (no gradient)
 

@@ -25,7 +25,7 @@ def round_seed(seed: int, round: int) -> int:
 def row_seeds(seed: int, keys: list[str]) -> list[int]:
     """One 32-bit sampling seed per row key (a prompt id, or a prompt id and a LoPE prefix), a pure function of
     (seed, key): a row draws the same tokens whichever batch, shard or worker generates it (keyed sampling,
-    models/decoding.py), so a stage sharded over workers writes exactly the rows one process writes.
+    models/hf/decoding.py), so a stage sharded over workers writes exactly the rows one process writes.
 
     >>> row_seeds(3, ["a", "b"]) == row_seeds(3, ["a", "b"]), row_seeds(3, ["a"]) == row_seeds(4, ["a"])
     (True, False)

@@ -2,7 +2,7 @@
 with the remaining gap measured by EPS, plus the `uniform` and `dapo_filter` baselines behind one interface.
 
 kmeans: embed the candidates; K = min(k_max, ceil(n/8)) clusters, warm-started from last round's centroids
-when they live in the same embedding space (tasks/embed.py holds the embedder, and for `policy` the checkpoint;
+when they live in the same embedding space (tasks/selectors/embed.py holds the embedder, and for `policy` the checkpoint;
 a new checkpoint's hidden states are another space, where old centroids mean nothing, so it starts afresh);
 u_c = mean EPS of the scored members (members never scored count as the mean of the scored ones plus an
 exploration bonus); w_c = softmax(u_c / T_sel); the batch is split over clusters by w with largest-remainder

@@ -150,7 +150,7 @@ over under again one two three four five six seven eight nine ten first next now
 def dictionary() -> frozenset[str]:
     """Whole English words: the alphabetic, non-continuation entries of the packaged MiniLM's WordPiece
     vocabulary (lower case; about 20k words)."""
-    from tasks.embed import minilm_path
+    from tasks.selectors.embed import minilm_path
 
     entries = (minilm_path() / "vocab.txt").read_text(encoding="utf-8").split("\n")
     return frozenset(w for w in entries if w.isalpha() and w.isascii())
@@ -201,7 +201,7 @@ Embed = Callable[[list[str]], "object"]  # texts -> L2-normalised vectors, one r
 
 
 def _minilm(texts: list[str]):
-    from tasks.embed import embed_minilm
+    from tasks.selectors.embed import embed_minilm
 
     return embed_minilm(texts)
 

@@ -14,15 +14,20 @@ least one digit shown.
 The `ladder` strategy (`Ladder`): a too-hard or flat original enters at mcq4 (strategy `ladder`); a rung whose
 mean reward exceeds `refine.promote_threshold` is promoted to the next rung (strategy `promote`), made from the
 root's question as a child of the rung; promotion from cloze, or from mcq10 when the answer has under two digits,
-re-opens the root question. A multiple-choice rung waits for the teacher's distractors when
+re-opens the root question. On an mcq rung of k options the mean reward is first corrected for guessing
+(`chance_corrected`: (r - 1/k) / (1 - 1/k), clipped at 0; issue 50): a rung answered at 4-option chance
+(0.25-0.33) is not promoted by luck, and mcq4 needs a raw mean above 0.625 to clear 0.5. The correction applies
+to the group's mean, not per sample: with 0/1 rewards a per-sample correction clipped at 0 is the raw reward. A multiple-choice rung waits for the teacher's distractors when
 `refine.teacher_distractors` is set and a teacher is configured; a failed call falls back to programmatic ones,
 and the row's reason says so.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
+from dataclasses import replace
 from functools import partial
 
 from tasks.core.answers import exact_match
@@ -163,6 +168,24 @@ def n_options(level: str) -> int:
     return 4 if level == "mcq4" else 10
 
 
+def chance_corrected(rate: float, k: int) -> float:
+    """A pass rate on k options corrected for guessing: (r - 1/k) / (1 - 1/k), clipped at 0 (0 at chance, 1 at 1).
+
+    >>> chance_corrected(0.25, 4), chance_corrected(0.75, 4), chance_corrected(1.0, 10), chance_corrected(0.05, 10)
+    (0.0, 0.6666666666666666, 1.0, 0.0)
+    """
+    return max(0.0, (rate - 1 / k) / (1 - 1 / k))
+
+
+def promotion_rate(parent: Parent) -> float:
+    """The mean reward a rung's promotion is decided on: corrected for guessing on an mcq rung (k = its stored
+    options, else the rung's size), as it is elsewhere."""
+    if not parent.transform.startswith("mcq"):
+        return parent.mean_reward
+    options = json.loads(parent.row.get("meta") or "{}").get("options")
+    return chance_corrected(parent.mean_reward, len(options) if options else n_options(parent.transform))
+
+
 def ladder_child(parent: dict, root: dict, level: str, run_id: str, round: int,
                  teacher_distractors: list[str] = (), lengths: Lengths = LENGTHS) -> tuple[dict | None, str | None]:
     """The `level` rung of `root`'s question, made a child of `parent`. (child, rejection reason). Its meta is
@@ -197,7 +220,7 @@ class Ladder(Strategy):
 
     def slot(self, parent: Parent, view: RoundView) -> str | None:
         if parent.transform in LEVELS:
-            return PROMOTE if view.solved(parent) else None
+            return PROMOTE if view.solved(replace(parent, mean_reward=promotion_rate(parent))) else None
         return super().slot(parent, view)
 
     def wants_teacher(self, cfg: Settings) -> bool:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from models.forward_patch import patched_forwards
+from models.training.forward_patch import patched_forwards
 
 
 def _grad_buffer(weight: torch.Tensor) -> torch.Tensor:
@@ -90,7 +90,7 @@ def _embedding_forward(module: torch.nn.Embedding):
 
 
 def _head_forward(module: torch.nn.Linear):
-    library = module.forward  # the instance's own (a backend's packed linear, models/packed.py) or its class's
+    library = module.forward  # the instance's own (a backend's packed linear, models/hf/packed.py) or its class's
 
     def forward(h: torch.Tensor) -> torch.Tensor:
         if not (torch.is_grad_enabled() and module.weight.requires_grad) or torch.is_autocast_enabled(h.device.type):

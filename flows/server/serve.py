@@ -2,7 +2,7 @@
 foreground command that leaves nothing behind.
 
 Choices, and why:
-- Each child (server, worker, `prefect deploy`) starts in a session of its own (flows/sessions.py), so a Ctrl-C at
+- Each child (server, worker, `prefect deploy`) starts in a session of its own (flows/server/sessions.py), so a Ctrl-C at
   the terminal reaches only this process, which then stops them in order: the worker first, with SIGINT (a Prefect
   worker's graceful stop), then the server with SIGTERM, each escalated to SIGKILL of its group after a timeout,
   and the flow runs the worker had started (in sessions of their own) after them: no flow run outlives `serve`.
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import psutil
 
-from flows import sessions
-from flows.prefect_home import prefect_home  # one rule for every command and serve
-from flows.sessions import Child
+from flows.server import sessions
+from flows.server.prefect_home import prefect_home  # one rule for every command and serve
+from flows.server.sessions import Child
 from models.threads import default_concurrency
 
 REPO = Path(__file__).resolve().parents[1]  # the folder holding prefect.yaml

@@ -1,8 +1,8 @@
 """Module forwards replaced for the length of a `with` block, per instance.
 
-Training swaps some modules' forwards for memory-lean ones (models/recompute.py, models/grad_into.py) only
+Training swaps some modules' forwards for memory-lean ones (models/training/recompute.py, models/training/grad_into.py) only
 while its passes run: the replacement is set on the instance, and the instance's own forward, if it had one
-(a backend's packed linear, models/packed.py), is put back when the block ends, exception or not.
+(a backend's packed linear, models/hf/packed.py), is put back when the block ends, exception or not.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
     eval.png        held-out pass@1 and pass@k by policy version
     train_loss.png  loss and pg_loss (sft_loss, kl when present) over the run's steps, ordered by (round, step)
 
-Each plot takes its frame (non-empty, from `tasks.report_page.run_frames`) and returns a Figure; `PLOT_SOURCES`
+Each plot takes its frame (non-empty, from `tasks.reporting.page.run_frames`) and returns a Figure; `PLOT_SOURCES`
 says which frame each is drawn from and which table's absence skips it. Plots use matplotlib's Agg canvas on
 `Figure` objects, without pyplot: no display, no global figure registry, safe in Prefect's worker threads and
 in a process that already uses another backend.

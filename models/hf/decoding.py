@@ -1,4 +1,4 @@
-"""Pieces of the transformers backend's decode loop (models/hf.py): keyed sampling and the batch of rows.
+"""Pieces of the transformers backend's decode loop (models/hf/backend.py): keyed sampling and the batch of rows.
 
 - `draw` / `sample_cdf` draw one token per row by inverting the cumulative distribution with one uniform per
   row (float64 block sums, then a cumulative sum inside one block): exact samples from the row's distribution. It
@@ -187,7 +187,7 @@ class DecodeBatch:
         self.rows: list[tuple[int, int]] = []
         self.mask = self.next_pos = self.logits = self.last = None
         self.spare, self.repeat = spare, 1
-        self.shared = shared  # a models.cascade.SharedPrompts: the prompts the rows share, for the cascade
+        self.shared = shared  # a models.hf.cascade.SharedPrompts: the prompts the rows share, for the cascade
 
     @property
     def size(self) -> int:

@@ -4,7 +4,7 @@ Each prompt is the question plus the configured instruction, rendered with the m
 optionally after few-shot demonstrations (tasks/core/fewshot.py, recorded in `augmentation`). All-fail groups
 are then resampled under Lorem-Ipsum prefixes (tasks/core/lope.py), and correct resamples replace up to G - 1
 failures, also recorded in `augmentation`.
-With selector dapo_filter the round over-samples instead (DAPO dynamic sampling, tasks/core/dapo.py, driven by tasks/dynamic_sampling.py): groups
+With selector dapo_filter the round over-samples instead (DAPO dynamic sampling, tasks/core/dapo.py, driven by tasks/sampling/dynamic.py): groups
 are generated batch by batch until B of them have reward variance; only those land as `rollouts`, every
 other group generated lands in `discarded_rollouts`, and the refill prompts are added to `selections`.
 The whole round lands as one atomic stage; a crash mid-collection leaves nothing, and the rerun collects
@@ -22,10 +22,10 @@ from tasks.core.lope import Rescue, is_lope_replaced, lope_rescue
 from tasks.core.rewards import RewardConfig, Verdict
 from tasks.core.seeds import round_seed
 from tasks.core.verdicts import verify_row
-from tasks.dynamic_sampling import dynamic_round
-from tasks.fewshot import demonstrations
-from tasks.reporting import report_timeouts, sig4
-from tasks.sampling import RolloutConfig, rollout_table, round_prompts, sample
+from tasks.reporting.progress import report_timeouts, sig4
+from tasks.sampling.demonstrations import demonstrations
+from tasks.sampling.dynamic import dynamic_round
+from tasks.sampling.rollouts import RolloutConfig, rollout_table, round_prompts, sample
 from tasks.select import SelectConfig
 from tasks.stage import RoundContext, stage
 
@@ -34,7 +34,7 @@ from tasks.stage import RoundContext, stage
 def collect_task(ctx: RoundContext, store: Store, cfg: RolloutConfig, reward_cfg: RewardConfig,
                  select_cfg: SelectConfig, use_selection: bool = False) -> dict:
     """Generate, verify and land the round's rollouts. Returns a small summary. With selector dapo_filter,
-    DAPO dynamic sampling decides which groups are the round's rollouts (tasks/dynamic_sampling.py)."""
+    DAPO dynamic sampling decides which groups are the round's rollouts (tasks/sampling/dynamic.py)."""
     prompts = round_prompts(store, ctx.run_id, ctx.round, use_selection, cfg.include_reserve)
     if prompts.height == 0:
         raise ValueError(f"run {ctx.run_id} round {ctx.round}: the pool has no prompt to collect for")

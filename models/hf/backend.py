@@ -21,19 +21,19 @@ batch to its longest prompt. Here
   with GQA falls back to the math kernel, so it stays off there). Same results to bf16 rounding (sampled-token
   log-probs against an fp32 forward: median error 0.009 either way); decode ~1.5x faster on 2 cores;
 - decode steps on the CPU multiply their few rows by weights that oneDNN reordered once into its blocked
-  layout (models/packed.py; fp32, and bf16 where native), 1.15-1.6x faster per fp32 step than MKL's GEMM from
+  layout (models/hf/packed.py; fp32, and bf16 where native), 1.15-1.6x faster per fp32 step than MKL's GEMM from
   1 to 64 rows on 2 AVX2 cores; prefill and scoring stay on MKL;
-- a bf16 decode step's attention runs in float32 (models/decode_attention.py) on a CPU without AMX: there
+- a bf16 decode step's attention runs in float32 (models/hf/decode_attention.py) on a CPU without AMX: there
   torch's CPU SDPA over a bf16 cache is 1.8-4.2x slower than the cast for one query token per row. With the
   packed bf16 linears a decode step over 300 tokens of context took 1.6x, 1.8x and 2.8x less time at 1, 8 and
   32 rows on 2 AVX512_BF16 cores (benchmarks/decode_step.py). With AMX it is the other way round (SDPA 3-4x
   faster than the cast on 2 cores), so a bf16 decoder there keeps SDPA, and no cascade (below) either;
-- the KV cache lives in preallocated buffers with spare columns (models/decoding.py BufferedLayer): a decode
+- the KV cache lives in preallocated buffers with spare columns (models/hf/decoding.py BufferedLayer): a decode
   step writes its column in place, where transformers' DynamicCache copies the whole cache at every step;
-- sampling inverts each row's cumulative distribution with one uniform (models/decoding.py draw), one
+- sampling inverts each row's cumulative distribution with one uniform (models/hf/decoding.py draw), one
   exponential pass over the logits that also yields the token's log-prob (torch.multinomial drew exponential
   noise over the whole vocabulary from one thread, a quarter of decode time);
-- decode steps of a prompt's n > 1 samples attend to the prompt once per group (models/cascade.py: 1.20x
+- decode steps of a prompt's n > 1 samples attend to the prompt once per group (models/hf/cascade.py: 1.20x
   faster `generate` over 388-token few-shot prompts on 2 AVX2 cores, 1.46x on 2 AVX512_BF16 cores over a bf16
   cache) where that pays; SDPA or the float32 decode attention elsewhere;
 - `stream_from_states` (MCMC shaping's chains) hands each finished row to its caller inside the decode loop,
@@ -53,7 +53,6 @@ Sampling is reproducible for a fixed seed, inputs and batch size (one torch.Gene
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -61,12 +60,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from models import cascade, packed
 from models.backend import Completion, Sampling, end_ids, logprob_temperature
-from models.cascade import FLOAT32_KWARG, SHARED_KWARG, SharedPrompts
-from models.decoding import M32, DecodeBatch, cache_kwarg, draw, keyed_uniforms
-from models.devices import amx_bf16, native_bf16
-from models.states import SeqState, check_cuts, last_hidden, left_padded, split_rows
+from models.devices import amx_bf16, bf16_chosen, native_bf16
+from models.hf import cascade, packed
+from models.hf.cascade import FLOAT32_KWARG, SHARED_KWARG, SharedPrompts
+from models.hf.decoding import M32, DecodeBatch, cache_kwarg, draw, keyed_uniforms
+from models.hf.states import SeqState, check_cuts, last_hidden, left_padded, split_rows
+from models.training.autocast import autocast, no_autocast
 
 log = logging.getLogger("refinery.models")
 
@@ -89,11 +89,6 @@ def kv_bytes_per_token(model: torch.nn.Module) -> int:
     return c.num_hidden_layers * 2 * heads * head_dim * next(model.parameters()).element_size()
 
 
-def bf16_chosen(device: str, dtype: str) -> bool:
-    """Whether `dtype` asks for bf16 ("bf16") or allows it ("auto") on a device that computes bf16 natively."""
-    return dtype == "bf16" or (dtype == "auto" and native_bf16(device))
-
-
 def decode_attention_paths(device: str, bf16: bool, sdpa: bool = True) -> tuple[bool, bool]:
     """(the cascade over shared prompts, the float32 decode attention) for a decoder on `device` with a bf16
     (`bf16`) or fp32 cache whose model attends through SDPA (`sdpa`; both wrap it). With AMX, torch's SDPA over
@@ -102,21 +97,6 @@ def decode_attention_paths(device: str, bf16: bool, sdpa: bool = True) -> tuple[
     float32 attention is the CPU's only."""
     bf16_sdpa = bf16 and amx_bf16(device)
     return sdpa and not bf16_sdpa, sdpa and bf16 and device.split(":")[0] == "cpu" and not bf16_sdpa
-
-
-def autocast(device: str, dtype: str):
-    """bf16 autocast where `dtype` asks for it ("bf16"), or allows it ("auto") on a device that computes bf16
-    natively; else no autocast."""
-    if bf16_chosen(device, dtype):
-        return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def no_autocast(device: str):
-    """Autocast off inside a caller's autocast context, without ending it: leaving this context does not clear
-    the outer context's cast cache (torch clears it only when the outermost autocast context exits), so weights
-    cast once stay cast across micro-batches while a loss, an output layer or a backward runs in full precision."""
-    return torch.autocast(device_type=device.split(":")[0], enabled=False)
 
 
 class TransformersBackend:
@@ -137,7 +117,7 @@ class TransformersBackend:
         own = model is None
         self.model = model or AutoModelForCausalLM.from_pretrained(model_path, dtype=weights).to(device)
         self.model.eval()
-        # decode steps on the CPU through oneDNN's packed weights (models/packed.py: fp32, or bf16 where native); a
+        # decode steps on the CPU through oneDNN's packed weights (models/hf/packed.py: fp32, or bf16 where native); a
         # model handed in is shared with a trainer, whose weights should not gain a second copy
         self.packed_decode = own and packed.install(self.model, device)
         log.info("transformers backend %s on %s: %s weights (%s)", model_path, device,
@@ -150,8 +130,8 @@ class TransformersBackend:
             raise ValueError(f"kv_cache_gib must be positive, got {kv_cache_gib}")
         self.kv_cache_bytes = kv_cache_gib * 2**30
         self.kv_bytes_per_token = kv_bytes_per_token(self.model)
-        # the cascade over shared prompts (models/cascade.py) and a bf16 decode step's float32 attention
-        # (models/decode_attention.py) wrap SDPA, where they pay (decode_attention_paths); False: SDPA
+        # the cascade over shared prompts (models/hf/cascade.py) and a bf16 decode step's float32 attention
+        # (models/hf/decode_attention.py) wrap SDPA, where they pay (decode_attention_paths); False: SDPA
         sdpa = self.model.config._attn_implementation == "sdpa"
         paths = decode_attention_paths(device, self.bf16, sdpa)
         self.shared_prompt_attention, self.float32_decode_attention = paths
@@ -220,7 +200,7 @@ class TransformersBackend:
         finish: dict[tuple[int, int], str] = {}
         stops: dict[tuple[int, int], tuple[int, float]] = {}  # the end token a row stopped on, and its log-prob
         after_lp: dict[int, list[float]] = {}
-        share = self.shared_prompt_attention and n > 1  # the rows of a prompt share its cache (models/cascade.py)
+        share = self.shared_prompt_attention and n > 1  # the rows of a prompt share its cache (models/hf/cascade.py)
         run = DecodeBatch(spare=min(sampling.max_new_tokens, 128), shared=SharedPrompts(n) if share else None)
         step_kwargs = ({SHARED_KWARG: run.shared} if share else {}) | (
             {FLOAT32_KWARG: True} if self.float32_decode_attention else {})
@@ -294,7 +274,7 @@ class TransformersBackend:
 
     def generate_from_states(self, states: list[SeqState], cuts: list[int], sampling: Sampling,
                              row_seeds: list[int] | None = None) -> list[list[Completion]]:
-        """`generate_ids([s.ids[:cut] ...], 1, ...)` from states (models/states.py) of longer sequences: each
+        """`generate_ids([s.ids[:cut] ...], 1, ...)` from states (models/hf/states.py) of longer sequences: each
         row's prompt is its state's first `cuts` tokens, whose keys, values and last hidden state are taken from
         the state instead of a prefill (MCMC's proposals start inside a trace whose context the chain keeps)."""
         if row_seeds is not None and len(row_seeds) != len(states):
@@ -435,7 +415,7 @@ class TransformersBackend:
                                               attention_mask=mask.to(self.device)).last_hidden_state
         return self._continuation_log_probs(hidden, [len(p) - 1 for p in prompts], comps, temperature)
 
-    # ---- sequence states (models/states.py) ---------------------------------------------------------------
+    # ---- sequence states (models/hf/states.py) ---------------------------------------------------------------
     @torch.no_grad()
     def open_states(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]
                     ) -> tuple[list[SeqState], list[list[float]]]:
@@ -460,7 +440,7 @@ class TransformersBackend:
         return self._run_states(states, cuts, conts, [0] * len(states))
 
     def _cache_of(self, states: list[SeqState | None], cuts: list[int]):
-        """A DynamicCache of the prefixes, left-padded (models/states.py left_padded), and its mask."""
+        """A DynamicCache of the prefixes, left-padded (models/hf/states.py left_padded), and its mask."""
         from transformers import DynamicCache
 
         cache = DynamicCache()

@@ -1,4 +1,4 @@
-"""Prepacked linear layers for the CPU decode loop (models/hf.py): fp32 weights, and bf16 weights where oneDNN
+"""Prepacked linear layers for the CPU decode loop (models/hf/backend.py): fp32 weights, and bf16 weights where oneDNN
 computes bf16 natively (AVX512_BF16 or AMX).
 
 A decode step multiplies a few rows (one token per row, at most the batch size) by every weight matrix. MKL's

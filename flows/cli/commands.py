@@ -1,10 +1,10 @@
 """The `refinery` commands that start work through Prefect: run, compare, ingest, eval, rescore, report, serve.
 
-Prefect is imported lazily, after `prepare_prefect` (flows/prefect_setup.py) has pointed its home inside the
+Prefect is imported lazily, after `prepare_prefect` (flows/server/prefect_setup.py) has pointed its home inside the
 store, so that it never scatters state into ~ and commands that need no flow start fast. What can be checked
 before a flow starts is (a run's or a comparison's whole config, an ingest source's name, file and rows, the
 run an eval or a rescore names and an eval's checkpoint); such an error is a one-line error, printed by
-flows/cli.py with its hint. The commands that run flows start Prefect's server as they begin, while they
+flows/cli/parser.py with its hint. The commands that run flows start Prefect's server as they begin, while they
 import and check their input (`early_prefect`); a refused input kills that server at once and undoes the
 Prefect home the command made. Prefect's console log and transformers' load bars are off unless -v is given:
 Prefect's ERROR records carry the same traceback again (its API log handler still feeds the UI); `run` and
@@ -19,8 +19,8 @@ import re
 import sys
 from pathlib import Path
 
-from flows.prefect_setup import early_prefect, prepare_prefect
-from flows.run_summary import print_summary
+from flows.cli.run_summary import print_summary
+from flows.server.prefect_setup import early_prefect, prepare_prefect
 
 
 class CliError(ValueError):
@@ -117,7 +117,7 @@ def cmd_import(a: argparse.Namespace) -> int:
     # included) is made, so a refused import leaves the store as it was, or absent
     prepare_prefect(a.store, a.verbose, server=False, make_home=False)
     from storage.store import Store
-    from tasks.import_run import land_import, prepare_import
+    from tasks.interop.import_run import land_import, prepare_import
 
     prepared = prepare_import(a.format, a.path, correct_at=a.correct_at, tokenizer=a.tokenizer,
                               skip_invalid=a.skip_invalid, reward_column=a.reward_column)
@@ -213,7 +213,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 def cmd_report(a: argparse.Namespace) -> int:
     # tasks.report imports Prefect, which needs only its settings here (a report runs no flow); its import makes
     # the home folder, removed again (while empty) when the report is refused: the store stays as it was
-    from flows.prefect_home import missing_folders, prefect_home, remove_made
+    from flows.server.prefect_home import missing_folders, prefect_home, remove_made
 
     home = prefect_home(a.store)
     made = missing_folders(home)
@@ -284,7 +284,7 @@ def cmd_rescore(a: argparse.Namespace) -> int:
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
-    from flows import serve
+    from flows.server import serve
 
     if a.stop:
         state = serve.stop_running(serve.prefect_home(a.store))

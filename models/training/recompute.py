@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from models.forward_patch import patched_forwards
+from models.training.forward_patch import patched_forwards
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

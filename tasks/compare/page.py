@@ -1,11 +1,11 @@
 """docs/evidence.md from a comparison's store: the tables, the curves and the SQL behind them.
 
-`build` reads the figures (tasks/comparison.py) and computes, per arm, held-out pass@1 at the matched budget
+`build` reads the figures (tasks/compare/figures.py) and computes, per arm, held-out pass@1 at the matched budget
 on each axis (tokens, steps, seconds; tasks/core/curves.py) with its two-way bootstrap interval and its
 paired difference to the base arm (tasks/core/stats.py), the budget accounting (tokens by purpose,
 informative-group ratio, discarded share, tokens per correct held-out answer) and the external sets' results
 of each run's last checkpoint, and what the comparison cost (wall time and tokens per run). `markdown` writes
-the page; tasks/comparison_plots.py draws its curves. Nothing here runs a model: the page is a pure function
+the page; tasks/compare/plots.py draws its curves. Nothing here runs a model: the page is a pure function
 of the store and the comparison's plan. It is over 300 lines because the page's sections (figures, verdict,
 ablations, tables, cost, SQL) read one `Evidence` and are kept together so each number's origin is in one file.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from storage.store import Store
-from tasks.comparison import AXES, arm_at, frame, query, run_curves
+from tasks.compare.figures import AXES, arm_at, frame, query, run_curves
 from tasks.core.curves import matched_budget
 from tasks.core.stats import Interval, bootstrap_mean, paired_difference
 

@@ -1,8 +1,8 @@
 """The `refinery` commands that only read the store: sql, catalog, lineage and export.
 
 None of them starts Prefect. `export` writes a run's curriculum as a Parquet file outside the store
-(tasks/export_run.py). `sql` goes through the confined, read-only SQL of storage/query.py, printed by
-flows/sql_output.py (a table, CSV or JSON; every DuckDB type prints); `catalog`
+(tasks/interop/export_run.py). `sql` goes through the confined, read-only SQL of storage/query.py, printed by
+flows/cli/sql_output.py (a table, CSV or JSON; every DuckDB type prints); `catalog`
 writes catalog.duckdb for the stock duckdb CLI; `lineage` prints a prompt's ancestors and descendants with
 their per-round scores and latest pool status, as a tree (rich) or as JSON.
 """
@@ -16,7 +16,7 @@ import shlex
 
 
 def cmd_sql(a: argparse.Namespace) -> int:
-    from flows.sql_output import write_result
+    from flows.cli.sql_output import write_result
     from storage.query import query_batches
     from storage.store import Store
 
@@ -31,7 +31,7 @@ def cmd_sql(a: argparse.Namespace) -> int:
 
 def cmd_export(a: argparse.Namespace) -> int:
     from storage.store import Store
-    from tasks.export_run import export_run
+    from tasks.interop.export_run import export_run
 
     print(export_run(Store(a.store), a.run_id, a.format, a.out, round=a.round, overwrite=a.overwrite))
     return 0

@@ -19,7 +19,7 @@ from storage.store import Store
 from tasks.core.dapo import SURPLUS, ZERO_VARIANCE, Drawn, draw_order, dynamic_sampling
 from tasks.core.rewards import RewardConfig
 from tasks.core.seeds import round_seed
-from tasks.sampling import RolloutConfig, Sampled, rollout_table, round_prompts, sample
+from tasks.sampling.rollouts import RolloutConfig, Sampled, rollout_table, round_prompts, sample
 from tasks.select import SelectConfig
 from tasks.stage import RoundContext
 

@@ -1,6 +1,6 @@
 """Decode-step attention over a prompt that a group of rows shares (a cascade), for the transformers backend.
 
-The decode batch (models/decoding.py) repeats each prompt's KV cache for its n samples, and SDPA reads every
+The decode batch (models/hf/decoding.py) repeats each prompt's KV cache for its n samples, and SDPA reads every
 row's copy at every decode step: at 64 rows over 300-token prompts that is about a third of a fp32 decode step
 on 2 AVX2 cores (benchmarks/decode_attention.py). The cascade (the idea of Hydragen, arXiv 2402.05099) splits
 each row's attention in two parts and merges them exactly:
@@ -19,16 +19,16 @@ Choices:
   block without gathering keys; rows that left leave a zero query in their slot (computed, never read back);
 - the SDPA entry of transformers' attention registry is wrapped once (`install`): a call that carries
   `shared_prompts` (a decode step of one token per row) takes the cascade, a bf16 decode step that carries
-  `float32_decode_attention` the float32 attention of models/decode_attention.py, every other call (prefill,
+  `float32_decode_attention` the float32 attention of models/hf/decode_attention.py, every other call (prefill,
   scoring, training, other models) goes to SDPA unchanged;
 - the cascade computes in float32 for any cache: a half-precision (bf16) cache's prompts are cast to float32
   once, when they join (`add`), and each step casts only the rows' own columns; a bf16 product would round the
-  scores to bf16 before the softmax. Its baseline there is models/decode_attention.py's float32 attention,
+  scores to bf16 before the softmax. Its baseline there is models/hf/decode_attention.py's float32 attention,
   which casts every row's whole copy at every step;
 - a step takes the cascade only where it pays (`step`, the MIN_* thresholds below, measured on 2 AVX2 cores
   for float32 caches, checked on 2 AVX512_BF16 cores for bf16 ones); a bf16 cache on a GPU stays on SDPA,
   where the float32 cascade was never measured. On a CPU with AMX the bf16 decoder uses neither this nor
-  the float32 attention (models/hf.py: torch's SDPA over the bf16 cache runs on AMX's tiles and was faster
+  the float32 attention (models/hf/backend.py: torch's SDPA over the bf16 cache runs on AMX's tiles and was faster
   there than both).
 """
 
@@ -38,8 +38,8 @@ import contextlib
 
 import torch
 
-from models import decode_attention
-from models.decoding import left_pad
+from models.hf import decode_attention
+from models.hf.decoding import left_pad
 
 SHARED_KWARG = "shared_prompts"  # the keyword a decode step hands its SharedPrompts to the attention by
 FLOAT32_KWARG = "float32_decode_attention"  # the keyword (True) by which a decode step asks for decode_attention.py
@@ -94,7 +94,7 @@ class SharedPrompts:
             ~self.prompt_mask.to(dev), float("-inf"))[:, None, None, :]
 
     def in_grid_order(self) -> bool:
-        """Whether row r is slot r % n of group r // n (rows leaving reorder the rest: models/decoding.py)."""
+        """Whether row r is slot r % n of group r // n (rows leaving reorder the rest: models/hf/decoding.py)."""
         grid = torch.arange(self.groups * self.n)
         return torch.equal(self.group, grid // self.n) and torch.equal(self.slot, grid % self.n)
 
@@ -196,8 +196,8 @@ _installed = False
 def float32_decode_steps(on: bool):
     """Inside the block, bf16 decode steps that carry no `float32_decode_attention` keyword (transformers'
     own `model.generate`, which refuses unknown keywords: the benchmarks' forced-length ceilings) take
-    models/decode_attention.py when `on`, as the backend's own steps do where it chose that path
-    (models/hf.py decode_attention_paths). Needs `install`."""
+    models/hf/decode_attention.py when `on`, as the backend's own steps do where it chose that path
+    (models/hf/backend.py decode_attention_paths). Needs `install`."""
     global _float32_without_keyword
     before, _float32_without_keyword = _float32_without_keyword, on
     try:
@@ -208,7 +208,7 @@ def float32_decode_steps(on: bool):
 
 def install() -> None:
     """Wrap transformers' SDPA attention once, so a call carrying `shared_prompts` takes the cascade, and a
-    bf16 decode step on the CPU that carries `float32_decode_attention` takes models/decode_attention.py."""
+    bf16 decode step on the CPU that carries `float32_decode_attention` takes models/hf/decode_attention.py."""
     global _installed
     if _installed:
         return

@@ -1,6 +1,6 @@
 """Sequence states: what the model computed over a token sequence, kept so that a later call that starts from
 a prefix of it does not compute that prefix again (the transformers backend's `open_states`,
-`extend_states` and `generate_from_states`, models/hf.py; MCMC shaping's chains, tasks/core/mcmc.py).
+`extend_states` and `generate_from_states`, models/hf/backend.py; MCMC shaping's chains, tasks/core/mcmc.py).
 
 A `SeqState` holds a sequence's ids, each layer's keys and values ([kv_heads, length, head_dim]: RoPE already
 applied at positions 0..length-1) and the final hidden state at every position ([length, hidden], the output

@@ -1,15 +1,15 @@
 """The curves of docs/evidence.md: held-out pass@1 against generated tokens, optimizer steps and wall-clock
 seconds, one line per arm (the mean over its seeds, at budgets every seed reached) with its 95% two-way
 bootstrap band (tasks/core/stats.py, fewer replicates per point than the tables use). Matplotlib's Agg canvas
-on `Figure` objects, without pyplot, as tasks/report_plots.py does.
+on `Figure` objects, without pyplot, as tasks/reporting/plots.py does.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from tasks.comparison import AXES, arm_at
-from tasks.comparison_page import Evidence
+from tasks.compare.figures import AXES, arm_at
+from tasks.compare.page import Evidence
 from tasks.core.stats import bootstrap_mean
 
 CURVE_POINTS = 30

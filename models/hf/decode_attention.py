@@ -19,9 +19,9 @@ softmax, weight the values, and cast the output back to the query's dtype. Choic
   anyway); the cache itself stays bf16, so its memory is unchanged;
 - only for decode steps (one query token) without gradients on the CPU with a bf16 or fp16 cache, and only for
   the masks a causal decoder is given (none, boolean, or additive); everything else goes to SDPA unchanged
-  (`applies`). A decode step asks for this path (models/cascade.py's `float32_decode_attention` keyword), and
+  (`applies`). A decode step asks for this path (models/hf/cascade.py's `float32_decode_attention` keyword), and
   the backend asks only on a CPU without AMX: with AMX's tiles bf16 SDPA was 3-4x faster than the cast
-  (models/hf.py decode_attention_paths). A row whose mask hides every column would give NaN here, as SDPA's
+  (models/hf/backend.py decode_attention_paths). A row whose mask hides every column would give NaN here, as SDPA's
   math kernel does; a decode step's row always attends at least to its own token.
 """
 

@@ -5,8 +5,8 @@
   CLI prints one line per error, and `run`/`compare` a line per finished stage). It must run before anything
   imports Prefect, which reads its settings once, at import.
 - `early_prefect`: the same, plus Prefect's temporary server started as a child process while the command
-  imports its modules and checks its input (flows/early_server.py); a refused input kills it and undoes only
-  what the command made (flows/prefect_home.py `remove_made`).
+  imports its modules and checks its input (flows/server/early_server.py); a refused input kills it and undoes only
+  what the command made (flows/server/prefect_home.py `remove_made`).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from flows.early_server import start_early
-from flows.prefect_home import (
+from flows.server.early_server import start_early
+from flows.server.prefect_home import (
     DATABASE,
     file_identity,
     missing_folders,
@@ -81,7 +81,7 @@ def prepare_prefect(store_uri: str, verbose: bool, console: bool = False, server
                     make_home: bool = True) -> None:
     """Keep Prefect's home and database in a folder the user can see, and its console logs quiet (unless
     `verbose`, or `console` for a command whose job is to show them). `server`: the command runs a flow or
-    a server, so a fresh home gets the migrated empty database (flows/prefect_home.py seed_database).
+    a server, so a fresh home gets the migrated empty database (flows/server/prefect_home.py seed_database).
     `make_home` false: only the settings, for a Prefect imported before the home is made (called again then)."""
     os.environ["PREFECT_HOME"] = str(prefect_home(store_uri))
     if make_home:
@@ -116,7 +116,7 @@ def prepare_prefect(store_uri: str, verbose: bool, console: bool = False, server
 def early_prefect(store: str, verbose: bool, early: bool = True):
     """Prefect prepared for a command that runs flows (`prepare_prefect`), its server up once the block ends.
     The block imports the command's modules and checks its input. With `early`, the server starts as a child
-    process as the block begins (flows/early_server.py), on the other core while the block runs; an error in
+    process as the block begins (flows/server/early_server.py), on the other core while the block runs; an error in
     the block kills it and undoes the Prefect home made for it (only what this command wrote), so a refused
     input leaves nothing behind. Where seeding the home would first migrate Prefect's empty database for this
     machine (its first run, about 15 s), the block runs before anything is made, as without the early start."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 
-from flows.sql_output import format_table
+from flows.cli.sql_output import format_table
 
 
 def teacher_unavailable(stage: dict, what: str) -> str:

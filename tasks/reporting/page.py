@@ -1,4 +1,4 @@
-"""A run's report folder: `write_report` draws the plots (tasks/report_plots.py) and `index.html` from the store.
+"""A run's report folder: `write_report` draws the plots (tasks/reporting/plots.py) and `index.html` from the store.
 
 `index.html` embeds the plots beside small tables of the same numbers. A plot whose table has no rows for the
 run (a run that never trained has no train_steps) is skipped, and the page says so where the plot would be.
@@ -28,7 +28,7 @@ import polars as pl
 from storage.query import connect
 from storage.store import Store
 from tasks.core.eps import ROUND_OWN_SCORES
-from tasks.report_plots import PLOT_SOURCES, PLOTS, bucket_counts, score_summary, train_summary, transitions
+from tasks.reporting.plots import PLOT_SOURCES, PLOTS, bucket_counts, score_summary, train_summary, transitions
 
 MARKER = "report.json"  # marks a folder as a report, which write_report may replace
 

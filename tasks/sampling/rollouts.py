@@ -1,8 +1,8 @@
 """Sampling for the collect stage: the rollout config, the prompts a round collects for, one verified sampling
 pass over them (few-shot context as configured: tasks/core/fewshot.py), and the `rollouts` rows.
 
-The collect stage (tasks/rollout.py) calls `sample` once, or, with selector dapo_filter, batch by batch
-(tasks/dynamic_sampling.py).
+The collect stage (tasks/collect.py) calls `sample` once, or, with selector dapo_filter, batch by batch
+(tasks/sampling/dynamic.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tasks.core.fewshot import fewshot_messages
 from tasks.core.rewards import RewardConfig, Verdict
 from tasks.core.seeds import row_seeds
 from tasks.core.verdicts import verdicts
-from tasks.reporting import progress_reporter
+from tasks.reporting.progress import progress_reporter
 from tasks.stage import RoundContext
 
 

@@ -1,5 +1,5 @@
 """Prefect's temporary API server, started as `refinery run` (or compare, eval, rescore, ingest) begins, while
-the command imports its modules and checks its input (flows/prefect_setup.py `early_prefect`).
+the command imports its modules and checks its input (flows/server/prefect_setup.py `early_prefect`).
 
 Without an API URL, a flow's first client call starts Prefect's temporary server: it imports the server's module
 (`prefect.server.api.server`, about 3 s on 2 cores), starts `SubprocessASGIServer` (a child process running
@@ -45,7 +45,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from flows.prefect_home import api_url_in_settings
+from flows.server.prefect_home import api_url_in_settings
 
 log = logging.getLogger("refinery.prefect")
 

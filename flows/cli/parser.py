@@ -2,16 +2,16 @@
 
 Every command takes --store DIR|URI (default $REFINERY_STORE, else ./refinery-store). Exit code 0 on
 success; otherwise non-zero with the reason on stderr. This module holds the argument parser, the store check
-every command gets first, and the error handling; the commands themselves are in flows/commands.py (those that
+every command gets first, and the error handling; the commands themselves are in flows/cli/commands.py (those that
 start work through Prefect, which is imported lazily, after its home has been pointed inside the store) and
-flows/read_commands.py (sql, catalog, lineage); flows/run_summary.py prints the end of a run.
+flows/cli/read_commands.py (sql, catalog, lineage); flows/cli/run_summary.py prints the end of a run.
 
 Errors: every failure prints one line, `refinery: error: <what, naming the input>`, plus at most one
 `hint: ...` line, and exits 1 (2 for a bad command line); the traceback only with --debug or
 REFINERY_DEBUG=1. What can be checked before a flow starts is (the store, a run's or a comparison's whole
 config, an ingest source's name and file, the run of an eval or a rescore, an eval's checkpoint); the
 commands that run flows start Prefect's server meanwhile and kill it on such an error
-(flows/prefect_setup.py), the others start none. Prefect's console log is silenced unless -v is given: its
+(flows/server/prefect_setup.py), the others start none. Prefect's console log is silenced unless -v is given: its
 ERROR records carry the same traceback again (its API log handler still feeds the UI).
 """
 
@@ -23,7 +23,7 @@ import os
 import stat
 import sys
 
-from flows.commands import (
+from flows.cli.commands import (
     CliError,
     cmd_compare,
     cmd_eval,
@@ -34,8 +34,8 @@ from flows.commands import (
     cmd_run,
     cmd_serve,
 )
-from flows.read_commands import cmd_catalog, cmd_export, cmd_lineage, cmd_sql
-from flows.run_summary import print_summary, try_command
+from flows.cli.read_commands import cmd_catalog, cmd_export, cmd_lineage, cmd_sql
+from flows.cli.run_summary import print_summary, try_command
 
 __all__ = ["CliError", "build_parser", "check_store", "main", "print_summary", "try_command"]
 
@@ -197,7 +197,7 @@ def check_store(command: str, uri: str) -> None:
         is_dir, exists = store.fs.isdir(store.root), store.fs.exists(store.root)
         holds_data = command in READ_COMMANDS and is_dir and store.fs.exists(store.path("_landed"))
     except Exception as e:  # an unreachable remote store: say which, in one line
-        from flows.errors import one_line
+        from flows.cli.errors import one_line
 
         raise CliError(f"store {uri}{origin} cannot be reached: {one_line(e)}") from None
     if exists and not is_dir:
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as e:  # an Exception, or a Rust panic from a library (pyo3's PanicException is not one)
-        from flows.errors import is_user_facing, one_line
+        from flows.cli.errors import is_user_facing, one_line
 
         if _debug(args):
             import traceback
