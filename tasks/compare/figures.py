@@ -174,15 +174,3 @@ def arm_at(curves: list[RunCurve], axis: str, budget: float) -> np.ndarray | Non
     if any(r is None for r in rows):
         return None
     return np.vstack(rows)
-
-
-def final_split(store: Store, prefix: str, split: str, run_ids: list[str]) -> dict[str, pl.DataFrame]:
-    """Per run, the per-prompt results of its newest checkpoint evaluated on `split` (runs without any are
-    left out)."""
-    rows = frame(store, "PASS", prefix, split)
-    out = {}
-    for run_id in run_ids:
-        mine = rows.filter(pl.col("run_id") == run_id)
-        if mine.height:
-            out[run_id] = mine.filter(pl.col("policy_version") == mine["policy_version"].max()).sort("prompt_id")
-    return out
