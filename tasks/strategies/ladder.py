@@ -15,9 +15,10 @@ The `ladder` strategy (`Ladder`): a too-hard or flat original enters at mcq4 (st
 mean reward exceeds `refine.promote_threshold` is promoted to the next rung (strategy `promote`), made from the
 root's question as a child of the rung; promotion from cloze, or from mcq10 when the answer has under two digits,
 re-opens the root question. On an mcq rung of k options the mean reward is first corrected for guessing
-(`chance_corrected`: (r - 1/k) / (1 - 1/k), clipped at 0; issue 50): a rung answered at 4-option chance
-(0.25-0.33) is not promoted by luck, and mcq4 needs a raw mean above 0.625 to clear 0.5. The correction applies
-to the group's mean, not per sample: with 0/1 rewards a per-sample correction clipped at 0 is the raw reward. A multiple-choice rung waits for the teacher's distractors when
+(`chance_corrected`: (r - 1/k) / (1 - 1/k), clipped at 0; issue 50), so a rung answered a little above chance
+does not clear the threshold by luck: at 0.5, mcq4 needs a raw mean above 0.625 and mcq10 above 0.55. The
+correction applies to the group's mean, not per sample: with 0/1 rewards a per-sample correction clipped at 0
+is the raw reward. A multiple-choice rung waits for the teacher's distractors when
 `refine.teacher_distractors` is set and a teacher is configured; a failed call falls back to programmatic ones,
 and the row's reason says so.
 """
