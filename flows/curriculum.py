@@ -167,7 +167,7 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             version, spec = policy_for_round(store, config.run_id, r, base)
             ctx = RoundContext(store=store.uri, run_id=config.run_id, round=r, policy_version=version, base=base,
                                rounds=config.rounds, model=config.model.model_copy(update={"policy": spec}),
-                               scale=config.scale)
+                               scale=config.scale, token_budget=config.max_generated_tokens, tokens_spent=spent)
             heldout = config.eval.heldout_fraction if config.eval.enabled else 0.0
             finished(stages, pool_task(ctx, config.pool, heldout, config.eval.seed))
             selecting = config.select.selector != "all"

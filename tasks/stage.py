@@ -58,6 +58,10 @@ class RoundContext(BaseModel):
     policy_version: int = Field(0, ge=0, description="the checkpoint version this round samples (0: the base)")
     base: str = Field("default", description="the run's base model spec (version 0)")
     rounds: int = Field(1, ge=1, description="rounds of the run (few-shot annealing reads it)")
+    token_budget: int | None = Field(None, ge=1, description="the run's max_generated_tokens, if any: few-shot "
+                                     "annealing runs over it instead of over `rounds`")
+    tokens_spent: int = Field(0, ge=0, description="tokens the run generated before this round, evaluation "
+                              "excluded (the figure the budget is checked against)")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the model section, with `policy` "
                                "set to this round's policy spec")
     scale: ScaleConfig = Field(default_factory=ScaleConfig, description="where generation runs (Ray workers "

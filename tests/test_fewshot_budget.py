@@ -43,3 +43,30 @@ def test_messages_draw_at_the_budget_probability_and_record_it():
     assert 0.17 < share < 0.33 and {json.loads(r)["p"] for r in late if r} == {0.25}
     spent_all = fewshot_messages(many, _demos(), 0, 0, 2, p0=1.0, k=1, instruction="", spent=1000, budget=1000)[1]
     assert spent_all == [None] * 400
+
+
+def test_a_budgeted_run_anneals_few_shot_over_its_tokens(prefect_api, tmp_path):
+    """A scripted run with a token budget records, on every demonstration-carrying rollout of round r,
+    p = p0 * (1 - spent_r / budget), spent_r being the run's non-evaluation tokens of rounds before r (SQL)."""
+    from conftest import q
+
+    from flows.config import load_config
+    from flows.curriculum import curriculum
+    from storage.store import Store
+
+    store = Store(tmp_path / "store")
+    budget = 100_000
+    sets = ["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32", "rollout.group_size=4",
+            "rollout.max_new_tokens=32", "rollout.fewshot_p0=1.0", "select.selector=uniform", "select.batch_size=12",
+            "refine.strategies=[]", "shape.enabled=false", "eval.enabled=false", f"max_generated_tokens={budget}",
+            'pool.sources=[{"source": "rg:products", "size": 24, "params": {"max_digits": 1}}]']
+    curriculum(load_config(sets=sets, run_id="fs", store=store.root, rounds=3))
+    rows = q(store, """SELECT r.round, json_extract(r.augmentation, '$.p')::DOUBLE AS p,
+                              (SELECT coalesce(sum(tokens), 0)::BIGINT FROM generated_tokens g
+                               WHERE g.run_id = r.run_id AND g.round < r.round AND g.purpose != 'eval') AS spent
+                       FROM rollouts r
+                       WHERE r.run_id = 'fs' AND json_extract(r.augmentation, '$.fewshot_context') IS NOT NULL""")
+    assert rows and {r["round"] for r in rows} >= {1, 2}
+    for r in rows:
+        assert r["spent"] > 0 and r["p"] == pytest.approx(1.0 - r["spent"] / budget), r
+    assert len({round(r["p"], 9) for r in rows}) == len({r["round"] for r in rows})  # one p per round

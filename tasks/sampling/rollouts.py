@@ -40,7 +40,8 @@ class RolloutConfig(Section):
                       "(tasks/core/seeds.py)")
     instruction: str = Field("Put your final answer within \\boxed{}.",
                              description="appended to every question before the chat template")
-    fewshot_p0: float = Field(0.5, ge=0.0, le=1.0, description="CBRL: p_t = p0 * (1 - t/T) of few-shot context")
+    fewshot_p0: float = Field(0.5, ge=0.0, le=1.0, description="CBRL: p_t = p0 * (1 - t/T) of few-shot context; "
+                              "with max_generated_tokens set, p_t = p0 * (1 - spent/budget)")
     fewshot_k: int = Field(2, ge=0, le=16, description="CBRL: solved sibling demonstrations per prompt (0: off)")
     lope_prefixes: int = Field(0, ge=0, le=64, description="LoPE: Lorem-Ipsum system prefixes per all-fail "
                                "group (0: off, the default, since held-out pass@1 at equal generated tokens was lower "
@@ -109,7 +110,8 @@ def sample(backend: Backend, prompts: pl.DataFrame, demos: pl.DataFrame | None, 
     """G completions for each of `prompts` (few-shot context as configured), verified."""
     t0 = time.perf_counter()
     messages, augmentation = fewshot_messages(prompts, demos if demos is not None else pl.DataFrame(), cfg.seed,
-                                              ctx.round, ctx.rounds, cfg.fewshot_p0, cfg.fewshot_k, cfg.instruction)
+                                              ctx.round, ctx.rounds, cfg.fewshot_p0, cfg.fewshot_k, cfg.instruction,
+                                              spent=ctx.tokens_spent, budget=ctx.token_budget)
     rendered = [backend.render(m) for m in messages]
     with progress_reporter(label, prompts.height * cfg.group_size) as advance:
         def on_progress(k: int) -> None:
