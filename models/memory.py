@@ -8,7 +8,7 @@ glibc to return free heap pages (`malloc_trim(0)`, a few milliseconds); elsewher
 called after each optimizer step, after every stage, and when backends are dropped. `trim_heap` is the trim
 alone, without the collector's pass over every Python object: training calls it after each forward/backward
 pass, where the next pass's tensors come in other sizes and would otherwise stack on the free-but-resident
-heap the last ones left (a traced step grew 0.4 GiB over its passes; see docs/performance.md).
+heap the last ones left (a traced step grew 0.4 GiB over its passes; see `git show 7f3fe64:docs/performance.md`).
 
 oneDNN (torch's CPU kernels for bf16 matmuls) caches up to 1024 compiled primitives, each holding its
 scratch buffers, and a training round meets a new matmul shape with every packed sequence length: measured on
@@ -22,7 +22,7 @@ ideep (torch's layer over oneDNN) keeps a second cache of its own: the matmul pr
 (a thread_local LRU), up to LRU_CACHE_CAPACITY entries, 1024 unless set; each holds what the primitive built for
 its shape. A bf16 training round meets hundreds of shapes, so the cache grew for the whole run, and its memory
 is gone only when the thread ends: the 0.19 GiB that round 0's training left in use with no tensor alive
-(docs/performance.md). `bound_onednn_cache` sets LRU_CACHE_CAPACITY to 16 too, unless the environment sets it:
+(`git show 7f3fe64:docs/performance.md`). `bound_onednn_cache` sets LRU_CACHE_CAPACITY to 16 too, unless the environment sets it:
 a bf16 training of SmolLM2-135M over 30 sequence lengths left 154 MB of heap in use after it against 359 MB,
 peaked 1.94 against 2.14 GiB and took 75 against 78 s; decoding ran at the same speed. Where bf16 matmuls do
 not go through oneDNN (CPUs without AVX512 or AMX), neither cache is used and the caps change nothing.

@@ -13,7 +13,7 @@ stage of 2 minutes took 29): OpenMP threads spin on cores another process needs.
   keeps their reservations within the cluster's CPUs, and the flow's process waits while they generate;
 - `refinery serve` creates its process work pool with a concurrency limit of
   `default_concurrency()`: a run gets at least 2 cores and 6 GiB (a default run peaks near 5 GiB,
-  docs/performance.md), so runs started from the UI beyond that queue instead of starving each other.
+  git show 7f3fe64:docs/performance.md), so runs started from the UI beyond that queue instead of starving each other.
 The share is re-read at every stage start, so a process that starts later slows the others only from their
 next stage; a stage already running keeps its threads until it ends.
 """

@@ -2,7 +2,7 @@
 
 Round 0 evaluates the base model and the new checkpoint. Before, both backends stayed in the registry (its
 cap is two), so round 1's collect ran beside a base model nobody sampled: about 1 GiB on the default model
-(fp32 weights and their packed copies; docs/performance.md).
+(fp32 weights and their packed copies; `git show 7f3fe64:docs/performance.md`).
 """
 
 import shutil

@@ -8,7 +8,7 @@ has only imported and checked its config (3-7 s), so the child's start, which ru
 overlap it. `start_early` starts that child before anything imports Prefect; `ready()`, just before the flow,
 waits for its answer and hands it to Prefect's `SubprocessASGIServer` singleton, from which every Prefect client
 of this process (the flow's, the events', the logs') takes the server's address. Measured in
-docs/performance.md, "Prefect's start".
+the Prefect start measured in `git show 7f3fe64:docs/performance.md`, "Prefect's start".
 
 Choices:
 - the child runs Prefect's own command for its temporary server (uvicorn over `create_app`, the UI off, the

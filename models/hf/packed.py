@@ -6,7 +6,7 @@ GEMM, which `nn.Linear` calls on CPU, runs such thin products far from the machi
 decode step of SmolLM2-135M over 300 tokens of context took 141-184 ms at 4-16 rows and 411 ms at 64 (medians
 of 3, interleaved). oneDNN's matmul over weights reordered once into its own blocked layout
 (`torch.ops.mkldnn._reorder_linear_weight` and `_linear_pointwise`, the kernels torch.compile's CPU weight
-freezing emits) took 89-146 ms and 350 ms: 1.15-1.6x from 1 to 64 rows (table in docs/performance.md;
+freezing emits) took 89-146 ms and 350 ms: 1.15-1.6x from 1 to 64 rows (table in `git show 7f3fe64:docs/performance.md`;
 benchmarks/shape.py --baseline measures it in context). bf16 weights gain alike: on 2 AVX512_BF16 cores (no
 AMX) the model's products took 1.1-2.2x less time packed than through `F.linear` from 1 to 32 rows, the
 49,152-wide output layer 2.0-2.2x at 1-8 rows (benchmarks/decode_step.py, which also times the decode step).

@@ -4,7 +4,7 @@ At the end of every training backward, autograd builds the input embedding's and
 gradients as new [vocabulary, hidden] tensors and only then adds them to `.grad`: the embedding's dense backward
 (a zeroed [V, d] tensor filled by index), the output layer's `grad_logits^T @ h`, and, for SmolLM2's tied
 embedding (one weight for both), their sum and its accumulation into `.grad`. Measured on a standalone GRPO
-step of SmolLM2-135M (a tensor-tracking dispatch mode; ad-hoc script, figures in docs/performance.md) these
+step of SmolLM2-135M (a tensor-tracking dispatch mode; ad-hoc script, figures in `git show 7f3fe64:docs/performance.md`) these
 were four 108 MiB temporaries alive at once at the step's peak, the last op of the backward. Under
 `grads_in_place(model)`:
 - the embedding's backward is `weight.grad.index_add_(0, ids, grad)`, skipping `padding_idx` as
