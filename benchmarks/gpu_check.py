@@ -37,7 +37,8 @@ import torch  # noqa: E402
 
 from models.backend import Sampling  # noqa: E402
 from models.hf.backend import TransformersBackend  # noqa: E402
-from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round  # noqa: E402
+from tasks.core.advantages import group_advantages
+from tasks.core.grpo import Sequence, TrainConfig, train_round  # noqa: E402
 from tasks.core.mcmc import Trace, shape_traces  # noqa: E402
 
 DEV = "cuda"

@@ -148,6 +148,7 @@ TABLES: dict[str, pa.Schema] = {
         _f("clip_frac", pa.float64(), True),
         _f("n_tokens", pa.int64()),
         _f("seconds", pa.float64()),
+        _f("replay_share", pa.float64(), True),  # replayed rows / the step's rows (tasks/core/replay.py); null: off
     ]),
     "evals": pa.schema([
         _f("run_id", pa.string()),

@@ -20,6 +20,9 @@
   clamped at `train.kl_clamp` (10) per token as verl does, coefficient `kl_coef` (0 switches it off and skips the reference forward).
   In round 0 the policy is that model: its reference log-probs come from the old pass (LoPE rows get one pass
   under their plain prompt) and no second model is loaded (tasks/core/grpo.py `reference_is_policy`).
+- Replay (`train.replay_share`, off by default): informative groups of the last `replay_rounds` rounds fill up
+  to that share of the round's rows, their surrogate weighted per token by min(pi_old / mu, c) against the
+  behaviour log-probs they were sampled with (tasks/core/replay.py); `train_steps.replay_share` records it.
 - L = L_grpo + lambda_sft * NLL(shaped traces), the NLL averaged over the traces' tokens.
 - Full fine-tune or LoRA (peft; merged into a plain checkpoint on save), fp32 or bf16 autocast, gradient
   accumulation over micro-batches, gradient-norm clipping, AdamW. One pass over the round's data.
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import polars as pl
@@ -40,8 +44,10 @@ import torch
 from storage.query import table_rows_with_schema
 from storage.rounds import prompts
 from storage.store import Store, fault_point
+from tasks.core.advantages import group_advantages
 from tasks.core.fewshot import ask
-from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round
+from tasks.core.grpo import Sequence, TrainConfig, train_round
+from tasks.core.replay import pick_replay, replay_budget
 from tasks.core.seeds import round_seed
 from tasks.reporting.progress import progress_reporter, sig4
 from tasks.sampling.rollouts import RolloutConfig
@@ -83,6 +89,25 @@ def rollout_sequences(rollouts: pl.DataFrame, tokenizer, eos_id: int, scale_std:
                 behaviour = tokenizer(lope["behaviour_prompt"], add_special_tokens=False)["input_ids"]
             seqs.append(Sequence(prompt_ids, comp, a, behaviour, given))
     return seqs, used, skipped
+
+
+def replay_sequences(store: Store, ctx: RoundContext, cfg: TrainConfig, fresh: int, tokenizer, eos_id: int,
+                     max_completion_tokens: int) -> list[Sequence]:
+    """Informative groups of the run's last `cfg.replay_rounds` rounds, at most `cfg.replay_share` of the round's
+    training rows (tasks/core/replay.py), as sequences carrying their behaviour log-probs."""
+    if cfg.replay_share <= 0 or ctx.round == 0:
+        return []
+    cols = ["round", "prompt_id", "sample_idx", "prompt_text", "completion", "reward", "finish_reason",
+            "augmentation", "token_ids", "token_logprobs"]
+    earlier = pl.concat([table_rows_with_schema(store, "rollouts", cols, ctx.run_id, r)
+                         for r in range(max(0, ctx.round - cfg.replay_rounds), ctx.round)])
+    picked = pick_replay(earlier, replay_budget(fresh, cfg.replay_share), cfg.seed, ctx.round)
+    out: list[Sequence] = []
+    for (_,), rows in sorted(picked.group_by("round"), key=lambda kv: -kv[0][0]):  # a group is (round, prompt)
+        seqs, _, _ = rollout_sequences(rows, tokenizer, eos_id, cfg.scale_std, max_completion_tokens,
+                                       sampler_logprobs=True)
+        out += [replace(s, behaviour_logprobs=s.sampled_logprobs, sampled_logprobs=None) for s in seqs]
+    return out
 
 
 def sampler_computes_as_trainer(backend: str, dtype: str, device: str, remote_workers: bool = False) -> bool:
@@ -142,6 +167,8 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     seqs, used, skipped = rollout_sequences(rollouts, tokenizer, eos_id, cfg.scale_std, rollout_cfg.max_new_tokens,
                                             sampler_logprobs=cfg.old_logprobs == "auto" and sampler_computes_as_trainer(
                                                 ctx.model.backend, ctx.model.dtype, device, ctx.scale.rollout_workers > 1))
+    replayed = replay_sequences(store, ctx, cfg, len(seqs), tokenizer, eos_id, rollout_cfg.max_new_tokens)
+    seqs += replayed
     sft: list[Sequence] = []
     if shaped.height and cfg.sft_weight > 0:
         questions = dict(prompts(store, "text").collect().iter_rows())
@@ -184,7 +211,7 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     store.commit("train", tables, run_id=run_id, round=round)
     losses = [r["loss"] for r in steps]
     return {"policy_version": version, "steps": len(steps),
-            "sequences": len(seqs), "groups": used, "zero_variance_groups": skipped, "sft_traces": len(sft),
+            "sequences": len(seqs), "replayed": len(replayed), "groups": used, "zero_variance_groups": skipped, "sft_traces": len(sft),
             # rows whose old log-probs are their sampler's (no old pass for them)
             "sampler_logprobs": sum(s.sampled_logprobs is not None for s in seqs),
             "tokens": sum(r["n_tokens"] for r in steps), "seconds": sig4(seconds),

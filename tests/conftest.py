@@ -130,7 +130,8 @@ def run_cli(*args: str) -> tuple[int, str, str]:
 
 def grpo_batch(b) -> list:
     """Two prompts x two completions of the tiny backend, with GRPO advantages (training-path tests)."""
-    from tasks.core.grpo import Sequence, group_advantages
+    from tasks.core.advantages import group_advantages
+    from tasks.core.grpo import Sequence
 
     pa_, pb = (b.encode([b.render([{"role": "user", "content": q}])])[0] for q in ("What is 7 * 8?", "Add 3 and 4."))
     comps = b.encode(["It is 54.", "7 * 8 = 56, so \\boxed{56}", "\\boxed{7}", "3 + 4 = 7"])

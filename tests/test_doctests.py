@@ -18,7 +18,7 @@ MODULES = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for pkg in 
 
 def test_the_examples_are_found():
     """The modules known to document by example are among those collected (the scan works)."""
-    known = {"tasks.core.lope", "tasks.strategies.ladder", "tasks.core.grpo", "tasks.core.mcmc", "tasks.core.heldout",
+    known = {"tasks.core.lope", "tasks.strategies.ladder", "tasks.core.advantages", "tasks.core.mcmc", "tasks.core.heldout",
              "tasks.core.fewshot", "tasks.strategies.gate", "tasks.core.answers", "tasks.core.selection",
              "tasks.core.ids", "tasks.core.seeds", "models.scripted"}
     assert known <= set(MODULES), known - set(MODULES)

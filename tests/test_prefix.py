@@ -7,7 +7,8 @@ import copy
 import pytest
 import torch
 
-from tasks.core.grpo import Sequence, TrainConfig, group_advantages, train_round
+from tasks.core.advantages import group_advantages
+from tasks.core.grpo import Sequence, TrainConfig, train_round
 from tasks.core.passes import completion_logprobs
 from tasks.core.prefix import prompt_groups, shared_completion_logprobs, shared_micro_batches
 

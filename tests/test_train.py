@@ -7,7 +7,8 @@ import pytest
 import torch
 from conftest import round_ctx
 
-from tasks.core.grpo import Sequence, TrainConfig, group_advantages, grpo_token_terms, train_round
+from tasks.core.advantages import group_advantages
+from tasks.core.grpo import Sequence, TrainConfig, grpo_token_terms, train_round
 
 
 def _example(lope=(False, False)):

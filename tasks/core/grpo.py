@@ -35,6 +35,7 @@ from models.training.grad_into import grads_in_place
 from models.training.recompute import lean_activations
 from tasks.core.lope import RATIO_FLOOR
 from tasks.core.passes import batched_logprobs, forward_passes, pad_rows
+from tasks.core.replay import replay_weights
 
 # k3 is unbounded where the policy has pushed a token far below the reference (exp(ref - logp)); one such
 # token gave a step KL of 127 and a gradient norm of 1607 in a real run. verl's "low_var_kl" clamps it at 10
@@ -82,6 +83,13 @@ class TrainConfig(Section):
     lora_alpha: int = Field(32, ge=1, le=4096, description="lora mode: adapter scale (alpha / rank)")
     seed: int = Field(0, ge=0, description="round r uses seed * 1000 + r (torch seed, "
                       "micro-batch order)")
+    replay_share: float = Field(0.0, ge=0.0, lt=1.0, description="replay: at most this share of a round's "
+                                "training rows are informative groups of earlier rounds, trained again under a "
+                                "truncated importance weight (tasks/core/replay.py); 0: off (the default until the "
+                                "evidence protocol shows it pays)")
+    replay_rounds: int = Field(2, ge=1, le=100, description="replay: groups of the last this many rounds qualify")
+    replay_weight_cap: float = Field(2.0, gt=0.0, le=100.0, description="replay: c in the per-token weight "
+                                     "min(pi_old / mu, c) of a replayed token")
 
 
 @dataclass
@@ -94,29 +102,17 @@ class Sequence:
     advantage: float = 0.0
     behaviour_ids: list[int] | None = None
     sampled_logprobs: list[float] | None = None  # the sampler's log-probs of completion_ids: the old ones, as given
-
-
-def group_advantages(rewards: list[float], scale_std: bool = True, eps: float = 1e-6) -> list[float] | None:
-    """(r - mean) / (std + 1e-6) per group, or None for a zero-variance group.
-
-    >>> group_advantages([1.0, 0.0, 0.0, 1.0])
-    [0.999998000004, -0.999998000004, -0.999998000004, 0.999998000004]
-    >>> group_advantages([0.5, 0.5]) is None, group_advantages([1.0, 0.0], scale_std=False)
-    (True, [0.5, -0.5])
-    """
-    n = len(rewards)
-    mean = sum(rewards) / n
-    std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
-    if std <= eps:
-        return None
-    return [(r - mean) / (std + 1e-6) if scale_std else r - mean for r in rewards]
+    # a replayed row (tasks/core/replay.py): its behaviour policy's log-probs of completion_ids, at the sampling
+    # temperature; its old log-probs then come from this round's old pass and weight it by min(pi_old / mu, c)
+    behaviour_logprobs: list[float] | None = None
 
 
 def grpo_token_terms(logp, old_logp, ref_logp, adv, mask, lope, eps_low: float = 0.2, eps_high: float = 0.28,
-                     kl_coef: float = 0.01, kl_clamp: float = 10.0) -> dict:
+                     kl_coef: float = 0.01, kl_clamp: float = 10.0, weight=None) -> dict:
     """Masked *sums* over tokens of the GRPO terms, so micro-batches can be accumulated and divided by the
-    optimizer step's token count. Shapes: [B, T] for log-probs and mask, [B] for adv and lope (bool).
-    Returns loss (pg + kl_coef * kl), pg, kl and clipped (token counts where the clip is active)."""
+    optimizer step's token count. Shapes: [B, T] for log-probs, mask and `weight` (a replayed token's truncated
+    importance weight, detached; None: all 1), [B] for adv and lope (bool). Returns loss (pg + kl_coef * kl),
+    pg, kl and clipped (token counts where the clip is active)."""
     ratio = torch.exp(logp - old_logp)
     a = adv[:, None]
     unclipped = ratio * a
@@ -124,6 +120,8 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, mask, lope, eps_low: float =
     pg = -torch.minimum(unclipped, clipped)
     lope = lope[:, None].expand_as(pg)
     pg = torch.where(lope, -(ratio / (ratio + RATIO_FLOOR)) * a, pg)
+    if weight is not None:
+        pg = pg * weight
     if ref_logp is not None and kl_coef > 0:
         d = ref_logp - logp
         kl = torch.clamp(torch.exp(d) - d - 1, max=kl_clamp)
@@ -247,12 +245,14 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                                                pad_id, device, dtype, True, temperature)
                     # the loss and backward outside autocast; the outer context keeps its cache
                     with no_autocast(device):
+                        old_logp = on_policy_or([old[i] for i in idx], logp, device)
                         terms = grpo_token_terms(
-                            logp, on_policy_or([old[i] for i in idx], logp, device),
+                            logp, old_logp,
                             on_policy_or([ref[i] for i in idx], logp, device) if ref else None,
                             torch.tensor([s.advantage for s in batch], device=device), mask,
                             torch.tensor([s.behaviour_ids is not None for s in batch], device=device),
-                            cfg.eps_low, cfg.eps_high, cfg.kl_coef, cfg.kl_clamp)
+                            cfg.eps_low, cfg.eps_high, cfg.kl_coef, cfg.kl_clamp,
+                            replay_weights(batch, old_logp, cfg.replay_weight_cap, device))
                         (terms["loss"] / tokens).backward()
                     trim_heap()  # the pass's freed activations leave; the next pass's do not stack on them
                     for key in ("loss", "pg", "kl", "clipped"):
@@ -282,12 +282,14 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
             denom = max(tokens, 1)
             pg_loss = sums["pg"] / denom if tokens else 0.0
             loss = sums["loss"] / denom + (cfg.sft_weight * sft_loss if sft_loss is not None else 0.0)
+            replayed = sum(seqs[i].behaviour_logprobs is not None for i in chunk)
             rows.append({"step": step, "loss": loss, "pg_loss": pg_loss, "sft_loss": sft_loss,
                          "kl": sums["kl"] / denom if tokens else None,
                          "entropy": sums["entropy"] / denom if tokens else None, "grad_norm": grad_norm,
                          "clip_frac": sums["clipped"] / denom if tokens else None,
                          "n_tokens": tokens + sum(len(sft[i].completion_ids) for i in sft_chunk),
-                         "seconds": time.perf_counter() - t0})
+                         "seconds": time.perf_counter() - t0,
+                         "replay_share": replayed / len(chunk) if chunk and cfg.replay_share > 0 else None})
             if on_step:
                 on_step(rows[-1])
     model.eval()
