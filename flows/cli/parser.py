@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", parents=[common], help="the curriculum flow (default: the embedded model)")
-    r.add_argument("--config", default=None, help="a TOML config file (see README)")
+    r.add_argument("--config", default=None, help="a TOML config file (docs/config.md)")
     r.add_argument("--run-id", default=None, help="rerunning an existing run id resumes it")
     r.add_argument("--rounds", type=int, default=None)
     r.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a field")
@@ -116,15 +116,23 @@ def build_parser() -> argparse.ArgumentParser:
     im.set_defaults(func=cmd_import)
 
     ex = sub.add_parser("export", parents=[common], help="write a run's curriculum (or its shaped traces) as a "
-                        "Parquet dataset for TRL, verl or SFT")
+                        "Parquet dataset for TRL, verl or SFT, or its held-out split as lm-eval tasks; with a "
+                        "Hugging Face dataset card")
     ex.add_argument("run_id")
-    ex.add_argument("out", help="the .parquet file to write (outside the store)")
-    ex.add_argument("--format", choices=["trl", "verl", "sft"], default="trl", help="trl: prompt messages and our "
-                    "columns; verl: plus data_source, ability, reward_model, extra_info; sft: shaped traces as "
-                    "messages (docs/interop.md)")
+    ex.add_argument("out", help="a .parquet file (its card goes to <stem>.md beside it), or a folder in the "
+                    "dataset-repo layout (data/ and README.md); outside the store")
+    ex.add_argument("--format", choices=["trl", "verl", "sft", "lm-eval"], default="trl", help="trl: prompt "
+                    "messages and our columns; verl: plus data_source, ability, reward_model, extra_info; sft: "
+                    "shaped traces as messages; lm-eval: the held-out split (and eval --dataset sets) as "
+                    "lm-evaluation-harness tasks in a folder (docs/interop.md)")
+    ex.add_argument("--heldout", action="store_true", help="export the held-out split (with --format lm-eval "
+                    "only: it is never exported as training data)")
     ex.add_argument("--round", type=int, default=None, help="the round whose pool and selection to export "
                     "(default: the run's last); sft: traces of rounds up to it")
-    ex.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    ex.add_argument("--license", default="other", help="the dataset card's license id (default: other; set it "
+                    "to the terms of the prompt sources the run ingested)")
+    ex.add_argument("--overwrite", action="store_true", help="replace OUT (and its card) if it exists; a "
+                    "folder only when an earlier export wrote it")
     ex.set_defaults(func=cmd_export)
 
     q = sub.add_parser("sql", parents=[common], help="read-only SQL over the store's views")

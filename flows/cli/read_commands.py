@@ -1,7 +1,7 @@
 """The `refinery` commands that only read the store: sql, catalog, lineage and export.
 
-None of them starts Prefect. `export` writes a run's curriculum as a Parquet file outside the store
-(tasks/interop/export_run.py). `sql` goes through the confined, read-only SQL of storage/query.py, printed by
+None of them starts Prefect. `export` writes a run's curriculum as Parquet (or its evaluation sets as
+lm-eval tasks) with a dataset card, outside the store (tasks/interop/export_run.py). `sql` goes through the confined, read-only SQL of storage/query.py, printed by
 flows/cli/sql_output.py (a table, CSV or JSON; every DuckDB type prints); `catalog`
 writes catalog.duckdb for the stock duckdb CLI; `lineage` prints a prompt's ancestors and descendants with
 their per-round scores and latest pool status, as a tree (rich) or as JSON.
@@ -33,7 +33,8 @@ def cmd_export(a: argparse.Namespace) -> int:
     from storage.store import Store
     from tasks.interop.export_run import export_run
 
-    print(export_run(Store(a.store), a.run_id, a.format, a.out, round=a.round, overwrite=a.overwrite))
+    print(export_run(Store(a.store), a.run_id, a.format, a.out, round=a.round, overwrite=a.overwrite,
+                     heldout=a.heldout, license=a.license))
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Export a run's evolved curriculum for another trainer (`refinery export RUN_ID --format trl|verl|sft OUT`).
+"""Export a run's evolved curriculum for another trainer (`refinery export RUN_ID --format trl|verl|sft OUT`), or
+its evaluation sets for lm-evaluation-harness (`refinery export RUN_ID --heldout --format lm-eval OUT_DIR`).
 
 Round R's curriculum is the pool the run trained from in round R (default: its last round), one row per
 trainable prompt (pool status `active` or `reserve`; held-out and retired prompts are never exported, so an
@@ -24,29 +25,39 @@ Formats (docs/interop.md documents the mapping):
 - `sft`: the run's correct shaped traces of rounds <= R (the MCMC-reshaped off-policy traces that train as
   SFT rows), one row per trace: `messages` (the user turn, then the trace as the assistant turn) and
   `prompt_id`, `root_id`, `answer`, `round`, `trace_id`, `origin`, `start_logprob`, `end_logprob`.
-The output is one Parquet file (Hugging Face `datasets.load_dataset("parquet", data_files=OUT)` reads it),
-written to a temporary name and renamed, so a failed export leaves nothing. An existing OUT is refused unless
-`overwrite`; an OUT inside the store is always refused (the store's folders hold landed data).
+- `lm-eval`: the run's held-out split and its `eval --dataset` sets as local harness tasks (YAML + JSONL),
+  tasks/interop/lm_eval.py; `--heldout` names the split and goes only with this format (held-out prompts are
+  never exported as training data).
+Where it writes (tasks/interop/output.py): an OUT ending in `.parquet` is the table (Hugging Face
+`datasets.load_dataset("parquet", data_files=OUT)` reads it) with its dataset card `<stem>.md` beside it; any
+other OUT is a folder in the dataset-repo layout, `data/train-00000-of-00001.parquet` (lm-eval:
+`data/<set>.jsonl` and `<task>.yaml`) and `README.md`. Every export writes a dataset card (tasks/interop/
+card.py: features, configs, `--license`, the run's provenance). Everything is staged beside OUT and renamed into
+place, so a failed export leaves nothing; an OUT inside the store is always refused, an existing one needs
+`overwrite` (and a folder is only replaced when an earlier export wrote it).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
 from storage.query import scan
 from storage.rounds import prompts, this_round
 from storage.runs import stored_config
 from storage.store import Store
 from tasks.core.fewshot import ask
+from tasks.interop import lm_eval
+from tasks.interop.card import card, provenance
+from tasks.interop.output import Target, check_out, in_store, staged
 
-FORMATS = ("trl", "verl", "sft")
+__all__ = ["FORMATS", "ExportSummary", "export_run", "in_store"]
+FORMATS = ("trl", "verl", "sft", "lm-eval")
 MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 
 
@@ -58,8 +69,14 @@ class ExportSummary:
     rows: int
     selected: int
     out: str
+    sets: tuple[str, ...] = ()  # lm-eval: the task names
 
     def __str__(self) -> str:
+        if self.format == "lm-eval":
+            return (f"export lm-eval: run {self.run_id}, {self.rows} prompts in {len(self.sets)} task(s) "
+                    f"({', '.join(self.sets)}) -> {self.out}\nscore a checkpoint: lm_eval --model hf --model_args "
+                    f"pretrained=CHECKPOINT --include_path {self.out} --tasks {','.join(self.sets)} "
+                    "--apply_chat_template")
         what = "shaped traces" if self.format == "sft" else f"prompts ({self.selected} selected in round {self.round})"
         return f"export {self.format}: run {self.run_id} round {self.round}, {self.rows} {what} -> {self.out}"
 
@@ -131,52 +148,27 @@ def sft_rows(store: Store, run_id: str, round: int, instruction: str) -> pl.Data
                     "end_logprob"))
 
 
-def in_store(store: Store, path: Path) -> Path | None:
-    """`path` relative to the root of the local store `store` (`.` for the root itself) when it lies inside it,
-    links resolved; else None (a remote store holds no local path)."""
-    if not store.local:
-        return None
-    root, path = Path(store.root).resolve(), path.expanduser().resolve()
-    return path.relative_to(root) if path == root or root in path.parents else None
-
-
-def check_out(store: Store, out: str, overwrite: bool) -> Path:
-    """The output path, refused when it would land inside the store or replace a file unasked."""
-    if "://" in out:
-        raise ValueError(f"OUT {out!r}: export writes a local file (copy it to object storage afterwards)")
-    path = Path(out).expanduser().resolve()
-    if in_store(store, path) is not None:
-        raise ValueError(f"OUT {out!r} is inside the store {store.uri}; the store's folders hold landed data, "
-                         "export elsewhere")
-    if path.is_dir():
-        raise ValueError(f"OUT {out!r} is a folder; name the .parquet file to write")
-    if path.exists() and not overwrite:
-        raise ValueError(f"OUT {out!r} exists; pass --overwrite to replace it")
-    if not path.parent.is_dir():
-        raise ValueError(f"OUT {out!r}: its folder {path.parent} does not exist")
-    return path
-
-
 def export_run(store: Store, run_id: str, fmt: str, out: str, round: int | None = None,
-               overwrite: bool = False) -> ExportSummary:
-    """Write round `round` (default: the run's last) of `run_id` as `fmt` to the Parquet file `out`."""
+               overwrite: bool = False, heldout: bool = False, license: str = "other") -> ExportSummary:
+    """Write round `round` (default: the run's last) of `run_id` as `fmt` to `out`, with its dataset card
+    (lm-eval: the run's held-out and dataset sets, which are fixed, so `round` does not apply)."""
     if fmt not in FORMATS:
         raise ValueError(f"export format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if heldout and fmt != "lm-eval":
+        raise ValueError(f"--heldout with --format {fmt}: held-out prompts are never exported as training "
+                         "data; --heldout goes with --format lm-eval")
+    if fmt == "lm-eval" and round is not None:
+        raise ValueError("--round with --format lm-eval: the held-out split is fixed at round 0; drop --round")
+    if not license.strip() or "\n" in license:
+        raise ValueError(f"--license {license!r}: a license id on one line (e.g. apache-2.0, cc-by-4.0, other)")
     config = stored_config(store, run_id)
     if config is None:
         raise ValueError(f"no run {run_id!r} in the store {store.uri}")
-    path = check_out(store, out, overwrite)
-    pooled = (scan(store, "pool").filter(pl.col("run_id") == run_id).select(pl.col("round").unique())
-              .collect()["round"].sort().to_list())
-    # a round counts once its batch was drawn or collected (an interrupted run's last pool may have neither)
-    rounds = [r for r in pooled if any(store.landed(run_id, r, s) for s in ("select", "collect", "import"))]
-    if not rounds:
-        raise ValueError(f"run {run_id} has no round with a drawn or collected batch yet")
-    if round is None:
-        round = rounds[-1]
-    elif round not in rounds:
-        raise ValueError(f"run {run_id} has no round {round} with a drawn or collected batch (its rounds: "
-                         f"{', '.join(map(str, rounds))})")
+    target = check_out(store, out, overwrite, folder_only=fmt == "lm-eval")
+    info = {"run_id": run_id, "format": fmt, **provenance(store, run_id, config)}
+    if fmt == "lm-eval":
+        return export_lm_eval(store, run_id, config, target, info, license)
+    round = export_round(store, run_id, round)
     instruction = instruction_of(config)
     if fmt == "sft":
         frame = sft_rows(store, run_id, round, instruction)
@@ -192,12 +184,57 @@ def export_run(store: Store, run_id: str, fmt: str, out: str, round: int | None 
         if fmt == "verl":
             frame = verl_columns(frame)
         selected = int(rows["selected"].sum())
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        table = frame.to_arrow()
-        meta = {b"refinery": json.dumps({"run_id": run_id, "round": round, "format": fmt}).encode()}
-        pq.write_table(table.replace_schema_metadata({**(table.schema.metadata or {}), **meta}), tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return ExportSummary(run_id, fmt, round, frame.height, selected, str(path))
+    table = frame.to_arrow()
+    meta = {b"refinery": json.dumps({"run_id": run_id, "round": round, "format": fmt}).encode()}
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+    data = "data/train-00000-of-00001.parquet" if target.folder else target.path.name
+    info |= {"round": round, "rows": frame.height, **({} if fmt == "sft" else {"selected": selected})}
+    with staged(target) as stage:
+        (stage / data).parent.mkdir(exist_ok=True)
+        pq.write_table(table, stage / data)
+        text = card({"default": ("train", data, table.schema, frame.height)}, info, license, fmt,
+                    f"Round {round} of run `{run_id}`, exported by `refinery export --format {fmt}`")
+        (stage / target.card.name).write_text(text)
+    return ExportSummary(run_id, fmt, round, frame.height, selected, str(target.path))
+
+
+def export_round(store: Store, run_id: str, round: int | None) -> int:
+    """The round to export: `round`, checked, or the run's last round whose batch was drawn or collected."""
+    pooled = (scan(store, "pool").filter(pl.col("run_id") == run_id).select(pl.col("round").unique())
+              .collect()["round"].sort().to_list())
+    # a round counts once its batch was drawn or collected (an interrupted run's last pool may have neither)
+    rounds = [r for r in pooled if any(store.landed(run_id, r, s) for s in ("select", "collect", "import"))]
+    if not rounds:
+        raise ValueError(f"run {run_id} has no round with a drawn or collected batch yet")
+    if round is None:
+        return rounds[-1]
+    if round not in rounds:
+        raise ValueError(f"run {run_id} has no round {round} with a drawn or collected batch (its rounds: "
+                         f"{', '.join(map(str, rounds))})")
+    return round
+
+
+def export_lm_eval(store: Store, run_id: str, config: dict, target: Target, info: dict,
+                   license: str) -> ExportSummary:
+    """The run's evaluation sets as lm-eval tasks in the folder `target` (tasks/interop/lm_eval.py)."""
+    sets = lm_eval.eval_sets(store, run_id, instruction_of(config))
+    if "heldout" not in sets:
+        raise ValueError(f"run {run_id} has no held-out prompts (eval.heldout_fraction was 0, or the run "
+                         "predates held-out splits); nothing to export for lm-eval")
+    max_new = int(config.get("rollout", {}).get("max_new_tokens", 64))
+    tables, names = {}, []
+    info |= {"round": 0, "rows": sum(d.height for d in sets.values())}
+    with staged(target) as stage:
+        (stage / "data").mkdir()
+        for name, docs in sets.items():
+            task, data = lm_eval.task_name(run_id, name), f"data/{name}.jsonl"
+            docs.write_ndjson(stage / data)
+            spec = lm_eval.task_config(task, str(target.path / data), max_new, run_id)
+            (stage / f"{task}.yaml").write_text(yaml.safe_dump(spec, sort_keys=False, allow_unicode=True))
+            tables[name] = ("test", data, docs.to_arrow().schema, docs.height)
+            names.append(task)
+        (stage / "README.md").write_text(card(tables, info, license, "lm-eval", (
+            f"The evaluation sets of run `{run_id}` (the held-out split fixed at round 0"
+            + (", and the `refinery eval --dataset` sets" if len(sets) > 1 else "")
+            + f") as lm-evaluation-harness tasks: {', '.join(f'`{n}`' for n in names)}")))
+    return ExportSummary(run_id, "lm-eval", 0, info["rows"], 0, str(target.path), tuple(names))
