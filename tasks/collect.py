@@ -4,9 +4,10 @@ Each prompt is the question plus the configured instruction, rendered with the m
 optionally after few-shot demonstrations (tasks/core/fewshot.py, recorded in `augmentation`). All-fail groups
 are then resampled under Lorem-Ipsum prefixes (tasks/core/lope.py), and correct resamples replace up to G - 1
 failures, also recorded in `augmentation`.
-With selector dapo_filter the round over-samples instead (DAPO dynamic sampling, tasks/core/dapo.py, driven by tasks/sampling/dynamic.py): groups
-are generated batch by batch until B of them have reward variance; only those land as `rollouts`, every
-other group generated lands in `discarded_rollouts`, and the refill prompts are added to `selections`.
+With a selector that `generates` (tasks/selectors/base.py; dapo_filter) the round over-samples instead (DAPO
+dynamic sampling, tasks/core/dapo.py, driven by tasks/sampling/dynamic.py): groups are generated batch by batch
+until B of them have reward variance; only those land as `rollouts`, every other group generated lands in
+`discarded_rollouts`, and the refill prompts are added to `selections`.
 The whole round lands as one atomic stage; a crash mid-collection leaves nothing, and the rerun collects
 the round again with the same seed (so exactly one set of rollouts per prompt and round exists).
 """
@@ -27,14 +28,16 @@ from tasks.sampling.demonstrations import demonstrations
 from tasks.sampling.dynamic import dynamic_round
 from tasks.sampling.rollouts import RolloutConfig, rollout_table, round_prompts, sample
 from tasks.select import SelectConfig
+from tasks.selectors import selector
 from tasks.stage import RoundContext, stage
 
 
 @stage("collect")
 def collect_task(ctx: RoundContext, store: Store, cfg: RolloutConfig, reward_cfg: RewardConfig,
                  select_cfg: SelectConfig, use_selection: bool = False) -> dict:
-    """Generate, verify and land the round's rollouts. Returns a small summary. With selector dapo_filter,
-    DAPO dynamic sampling decides which groups are the round's rollouts (tasks/sampling/dynamic.py)."""
+    """Generate, verify and land the round's rollouts. Returns a small summary. With a selector that
+    `generates` (dapo_filter), DAPO dynamic sampling decides which groups are the round's rollouts
+    (tasks/sampling/dynamic.py)."""
     prompts = round_prompts(store, ctx.run_id, ctx.round, use_selection, cfg.include_reserve)
     if prompts.height == 0:
         raise ValueError(f"run {ctx.run_id} round {ctx.round}: the pool has no prompt to collect for")
@@ -42,7 +45,7 @@ def collect_task(ctx: RoundContext, store: Store, cfg: RolloutConfig, reward_cfg
     demos = demonstrations(store, ctx.run_id, ctx.round) if cfg.fewshot_k else None
     sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens, seed=round_seed(cfg.seed, ctx.round))
     dapo, landed_too = None, {}
-    if select_cfg.selector == "dapo_filter":
+    if selector(select_cfg.selector).generates:
         got, dapo, landed_too = dynamic_round(store, ctx, prompts, backend, demos, cfg, reward_cfg, select_cfg,
                                               sampling)
     else:

@@ -1,9 +1,11 @@
 """Select stage: choose the round's batch from the pool and land `selections` (and, for kmeans, `centroids`).
 
-The algorithms (k-means diverse selection weighted by EPS, uniform, DAPO's first generation batch) are pure
-functions in tasks/core/selection.py (docs/algorithms.md §4); this stage reads the candidates, their latest
-EPS and their embeddings (tasks/selectors/embed.py: kept per embedding space, so a `policy` embedder's new checkpoint
-starts afresh), warm-starts from last round's centroids in the same space, and commits.
+The configured selector (tasks/selectors/: one file each behind the `Selector` protocol, found by name in the
+registry; their algorithms are pure functions in tasks/core/, docs/algorithms.md §4) makes the picks; this
+stage reads the candidates and their latest EPS, embeds them when the selector `needs_embeddings`
+(tasks/selectors/embed.py: kept per embedding space, so a `policy` embedder's new checkpoint starts afresh)
+with last round's centroids in the same space to warm-start from, and commits what the selector returns.
+`SelectConfig.selector`'s choices are the registered selectors' names.
 
 Choices: "never scored" means no earlier round of this run scored the prompt, and a scored prompt's EPS is its
 latest score (a prompt not selected last round keeps the EPS it had, rather than passing for new and taking
@@ -12,6 +14,7 @@ the bonus again).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Literal
 
 import numpy as np
@@ -24,19 +27,19 @@ from storage.query import scan
 from storage.rounds import prompts, this_round
 from storage.store import Store
 from tasks.core.seeds import round_seed
-from tasks.core.selection import SELECTORS, cluster_entropy, select_dapo_filter, select_kmeans, select_uniform
 from tasks.reporting.progress import sig4
+from tasks.selectors import REGISTRY, Candidates, RoundView, selector
 from tasks.selectors.embed import cached_embeddings, embedding_space, policy_namespace
 from tasks.stage import RoundContext, stage
 
+SELECTORS = tuple(sorted(REGISTRY))  # the config's choices: every registered selector (tasks/selectors/)
+
 
 class SelectConfig(Section):
-    """Which prompts a round collects for (docs/algorithms.md §4). 'all' collects the whole pool."""
+    """Which prompts a round collects for (docs/algorithms.md §4): the selector, one of tasks/selectors/."""
 
-    selector: Literal["kmeans", "uniform", "dapo_filter", "all"] = Field(
-        "kmeans", description="kmeans: EPS-weighted clusters of prompt embeddings; uniform: at random; "
-        "dapo_filter: DAPO dynamic sampling (over-sample, drop groups with no reward variance, refill to B; the "
-        "discards land in discarded_rollouts); all: the whole active pool")
+    selector: Literal[SELECTORS] = Field(  # type: ignore[valid-type]  # the registry's names, known at import
+        "kmeans", description="; ".join(f"{n}: {REGISTRY[n].description}" for n in SELECTORS))
     batch_size: int = Field(48, ge=1, le=10_000_000, description="B: prompts selected per round")
     k_max: int = Field(64, ge=1, le=4096, description="K = min(k_max, ceil(candidates / 8))")
     temperature: float = Field(0.1, gt=0.0, le=100.0, description="T_sel of the cluster-weight softmax")
@@ -71,33 +74,17 @@ def select_task(ctx: RoundContext, store: Store, cfg: SelectConfig, include_rese
         raise ValueError(f"run {ctx.run_id} round {ctx.round}: no candidate prompts to select from")
     ids = cand["prompt_id"].to_list()
     eps = cand["eps"].fill_null(np.nan).to_numpy().astype(float)
-    seed = round_seed(cfg.seed, ctx.round)
-    tables = {}
-    if cfg.selector == "kmeans":
-        backend = load_model(ctx.model) if cfg.embedder == "policy" else None
-        namespace = policy_namespace(store, ctx.run_id, ctx.policy) if cfg.embedder == "policy" else ""
-        space = embedding_space(cfg.embedder, namespace)  # centroids.embedder holds it, as embeddings.embedder does
-        x, fresh = cached_embeddings(store, cand.select("prompt_id", "text"), cfg.embedder, backend, namespace)
-        prev = (this_round(store, "centroids", ctx.run_id, ctx.round - 1).filter(pl.col("embedder") == space)
-                .sort("cluster").collect())
-        init = np.asarray(prev["vector"].to_list(), np.float32) if prev.height else None
-        rows, cents = select_kmeans(ids, x, eps, cfg.batch_size, cfg.k_max, cfg.temperature, cfg.bonus, init, seed,
-                                    cfg.minibatch_above)
-        tables["centroids"] = cents.with_columns(pl.lit(ctx.run_id).alias("run_id"),
-                                                 pl.lit(ctx.round, pl.Int32).alias("round"),
-                                                 pl.lit(space).alias("embedder")).to_arrow()
-        warm = init is not None and init.shape == (cents.height, x.shape[1])
-        extra = {"clusters": int(cents.height), "embedded": fresh, "embedding_space": space, "warm_start": warm,
-                 "cluster_entropy": sig4(cluster_entropy(rows["cluster"].to_numpy()))}
-    elif cfg.selector == "uniform":
-        rows, extra = select_uniform(ids, cfg.batch_size, seed), {}
-    elif cfg.selector == "dapo_filter":
-        rows = select_dapo_filter(ids, cfg.batch_size, cfg.dapo_oversample, seed)
-        extra = {"batch_size": cfg.batch_size, "oversample": cfg.dapo_oversample}  # collect refills to B
-    else:
-        raise ValueError(f"unknown selector {cfg.selector!r}: use one of {', '.join(SELECTORS)}")
-    sel = rows.with_columns(pl.lit(ctx.run_id).alias("run_id"), pl.lit(ctx.round, pl.Int32).alias("round"),
-                            pl.lit(cfg.selector).alias("selector"))
+    chosen = selector(cfg.selector)
+    candidates, extra = Candidates(cand, eps), {}
+    if chosen.needs_embeddings:
+        candidates, extra = embedded(ctx, store, cfg, candidates)
+    picks = chosen.select(candidates, RoundView(ctx, store, round_seed(cfg.seed, ctx.round)), cfg)
+    tables = {name: this_rows(frame, ctx, cfg.selector).to_arrow() for name, frame in picks.tables.items()}
+    if picks.centroids is not None:
+        tables["centroids"] = picks.centroids.with_columns(pl.lit(ctx.run_id).alias("run_id"),
+                                                           pl.lit(ctx.round, pl.Int32).alias("round"),
+                                                           pl.lit(candidates.space).alias("embedder")).to_arrow()
+    sel = this_rows(picks.rows, ctx, cfg.selector)
     tables["selections"] = sel.to_arrow()
     store.commit("select", tables, run_id=ctx.run_id, round=ctx.round)
     picked = np.isin(np.asarray(ids), sel["prompt_id"].to_numpy())
@@ -108,4 +95,25 @@ def select_task(ctx: RoundContext, store: Store, cfg: SelectConfig, include_rese
 
     return {"selector": cfg.selector, "candidates": len(ids),
             "selected": sel.height, "selected_unscored": int((picked & ~scored).sum()),
-            "mean_eps_selected": mean_eps(picked), "mean_eps_pool": mean_eps(np.ones_like(picked)), **extra}
+            "mean_eps_selected": mean_eps(picked), "mean_eps_pool": mean_eps(np.ones_like(picked)),
+            **extra, **picks.summary}
+
+
+def embedded(ctx: RoundContext, store: Store, cfg: SelectConfig, candidates: Candidates) -> tuple[Candidates, dict]:
+    """The candidates with their vectors in `cfg.embedder`'s space (embedding only prompts that have none there
+    yet) and last round's centroids in that space; and the summary's embedding figures."""
+    backend = load_model(ctx.model) if cfg.embedder == "policy" else None
+    namespace = policy_namespace(store, ctx.run_id, ctx.policy) if cfg.embedder == "policy" else ""
+    space = embedding_space(cfg.embedder, namespace)  # centroids.embedder holds it, as embeddings.embedder does
+    x, fresh = cached_embeddings(store, candidates.frame.select("prompt_id", "text"), cfg.embedder, backend,
+                                 namespace)
+    prev = (this_round(store, "centroids", ctx.run_id, ctx.round - 1).filter(pl.col("embedder") == space)
+            .sort("cluster").collect())
+    init = np.asarray(prev["vector"].to_list(), np.float32) if prev.height else None
+    return replace(candidates, x=x, space=space, init=init), {"embedded": fresh, "embedding_space": space}
+
+
+def this_rows(frame: pl.DataFrame, ctx: RoundContext, name: str) -> pl.DataFrame:
+    """A selector's rows with the round's run_id and round, and the selector's name."""
+    return frame.with_columns(pl.lit(ctx.run_id).alias("run_id"), pl.lit(ctx.round, pl.Int32).alias("round"),
+                              pl.lit(name).alias("selector"))

@@ -162,3 +162,19 @@ def test_bins_split_source_difficulty_and_lineage():
     assert got["m"] == got["r"] + " | mcq4"  # the root's problem, in a bin of its own
     assert got["h"] == 'rg:products | {"max_digits": 3} | {"num_digits": 3} | harden'
     assert bin_key("f.jsonl", None, None) == "f.jsonl | {} | {}"
+
+
+def test_the_diversity_cap_takes_by_score_and_caps_each_cluster():
+    """With a cap, picks after the floors go by score over all clusters, none past ceil(cap x share x n): a
+    cluster of all-fail prompts gets its bin's floor only, and the best cluster no more than its cap."""
+    from tasks.core.passrate import thompson_pick
+
+    ids = [f"good{i}" for i in range(12)] + [f"fail{i}" for i in range(12)]
+    cand = pl.DataFrame({"prompt_id": ids, "alpha": [5.0] * 12 + [1.0] * 12, "beta": [5.0] * 12 + [40.0] * 12})
+    clusters = [0] * 6 + [1] * 6 + [2] * 12
+    bins = ["good"] * 12 + ["fail"] * 12
+    picks = thompson_pick(cand, clusters, bins, 8, seed=0, round=1, group_size=8, diversity_cap=2.0)
+    fail = picks.filter(pl.col("bin") == "fail")
+    assert fail.height == 1 and fail["reason"][0].startswith("floor")
+    per_cluster = picks.group_by("cluster").len()
+    assert per_cluster.filter(pl.col("cluster") != 2)["len"].max() <= 4  # ceil(2 x 6/24 x 8) = 4

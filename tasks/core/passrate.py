@@ -162,12 +162,16 @@ def thompson_draws(prompt_ids: Sequence[str], alpha: np.ndarray, beta: np.ndarra
 
 def thompson_pick(candidates: pl.DataFrame, clusters: Sequence[int] | np.ndarray, bins: Sequence[str], n: int,
                   *, seed: int, round: int, group_size: int = 8, floor_fraction: float = 0.03,
-                  cluster_weights: Mapping[int, float] | None = None) -> pl.DataFrame:
+                  cluster_weights: Mapping[int, float] | None = None,
+                  diversity_cap: float | None = None) -> pl.DataFrame:
     """`n` picks from `candidates` (prompt_id, alpha, beta; `clusters` and `bins` aligned with its rows), in pick
     order: prompt_id, cluster, bin, draw, score, predicted_pass_rate, predicted_informative, reason. See the
     module docstring for the rule. `cluster_weights` (cluster -> weight; default: the clusters' sizes) sets
     each cluster's share of the batch left after the floors. When there are more non-empty bins than picks,
-    the floors go to the bins whose best draw scores highest."""
+    the floors go to the bins whose best draw scores highest. With `diversity_cap` (e.g. 2.0) the batch left after
+    the floors goes instead by score over all clusters, best first, each cluster capped at ceil(cap x its share of
+    the candidates x n) picks (and past the caps, by score alone): a cluster of prompts that only ever failed
+    then takes nothing beyond its bins' floors, while no cluster can take more than cap times its share."""
     if not 0.0 <= floor_fraction <= 1.0:
         raise ValueError(f"floor_fraction must be in [0, 1], got {floor_fraction}")
     ids = candidates["prompt_id"].to_list()
@@ -198,7 +202,22 @@ def thompson_pick(candidates: pl.DataFrame, clusters: Sequence[int] | np.ndarray
     left = np.bincount(labels[~taken], minlength=k)
     w = (np.array([cluster_weights.get(c, 0.0) for c in range(k)], float) if cluster_weights is not None
          else sizes.astype(float))
-    quota = allocate(n - len(chosen), w, left) if k else np.zeros(0, np.int64)
+    if diversity_cap is not None:
+        cap = np.ceil(diversity_cap * sizes / max(len(ids), 1) * n).astype(np.int64)
+        have = np.bincount(labels[taken], minlength=k)
+        for capped in (True, False):
+            for i in order:
+                if len(chosen) >= n:
+                    break
+                if not taken[i] and (not capped or have[labels[i]] < cap[labels[i]]):
+                    taken[i] = True
+                    have[labels[i]] += 1
+                    chosen.append(int(i))
+                    reasons.append(f"thompson: cluster {labels[i]} cap {cap[labels[i]]}/{sizes[labels[i]]}"
+                                   if capped else f"thompson: past the caps, cluster {labels[i]}")
+        quota = np.zeros(0, np.int64)
+    else:
+        quota = allocate(n - len(chosen), w, left) if k else np.zeros(0, np.int64)
     for c in np.nonzero(quota)[0]:
         members = [i for i in order if labels[i] == c and not taken[i]][: quota[c]]
         chosen += members

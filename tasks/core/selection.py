@@ -1,5 +1,6 @@
 """Selection algorithms: k-means diverse selection ("Diversify and Conquer", arXiv 2409.11378; docs/algorithms.md §4),
-with the remaining gap measured by EPS, plus the `uniform` and `dapo_filter` baselines behind one interface.
+with the remaining gap measured by EPS, plus the `uniform` and `dapo_filter` baselines' draws. The selectors that
+call them, one file each behind one protocol, are in tasks/selectors/.
 
 kmeans: embed the candidates; K = min(k_max, ceil(n/8)) clusters, warm-started from last round's centroids
 when they live in the same embedding space (tasks/selectors/embed.py holds the embedder, and for `policy` the checkpoint;
@@ -24,8 +25,6 @@ import numpy as np
 import polars as pl
 
 from tasks.core.dapo import draw_order, first_batch_size
-
-SELECTORS = ("kmeans", "uniform", "dapo_filter")
 
 
 def n_clusters(n: int, k_max: int = 64) -> int:

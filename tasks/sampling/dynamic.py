@@ -1,4 +1,5 @@
-"""DAPO dynamic sampling inside the collect stage (the loop itself: tasks/core/dapo.py; docs/algorithms.md §4).
+"""DAPO dynamic sampling inside the collect stage (the loop itself: tasks/core/dapo.py; docs/algorithms.md §4), for
+a selector that `generates` (tasks/selectors/base.py; dapo_filter).
 
 The select stage's draw is generation batch 1; refills come from the rest of the round's candidates in a
 seeded uniform order, each refill k sampled with seed + k * DAPO_SEED_STRIDE (fresh noise that no other round's
@@ -73,8 +74,8 @@ def dynamic_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend:
     if refills:
         extra["selections"] = pa.table({
             "run_id": [ctx.run_id] * len(refills), "round": pa.array([ctx.round] * len(refills), pa.int32()),
-            "prompt_id": [d.item for d in refills], "selector": ["dapo_filter"] * len(refills),
-            "reason": [f"dapo_filter: generation batch {d.gen_batch + 1} (refill)" for d in refills]})
+            "prompt_id": [d.item for d in refills], "selector": [select_cfg.selector] * len(refills),
+            "reason": [f"{select_cfg.selector}: generation batch {d.gen_batch + 1} (refill)" for d in refills]})
     summary = {"batch_size": out.batch, "generation_batches": out.batches, "groups_generated": out.generated,
                "kept": len(out.kept), "discarded_groups": len(gone),
                "zero_variance": sum(d.reason == ZERO_VARIANCE for d in gone),

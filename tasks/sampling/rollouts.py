@@ -1,8 +1,8 @@
 """Sampling for the collect stage: the rollout config, the prompts a round collects for, one verified sampling
 pass over them (few-shot context as configured: tasks/core/fewshot.py), and the `rollouts` rows.
 
-The collect stage (tasks/collect.py) calls `sample` once, or, with selector dapo_filter, batch by batch
-(tasks/sampling/dynamic.py).
+The collect stage (tasks/collect.py) calls `sample` once, or, with a selector that `generates` (dapo_filter),
+batch by batch (tasks/sampling/dynamic.py).
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ class RolloutConfig(Section):
 
 
 def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, include_reserve: bool) -> pl.DataFrame:
-    """The prompts this round collects for: its selection, or (selector 'all') the pool's active members,
-    and reserve ones if asked."""
+    """The prompts this round collects for: its selection, or (a `whole_pool` selector: 'all') the pool's active
+    members, and reserve ones if asked."""
     if use_selection:
         ids = this_round(store, "selections", run_id, round)
     else:
