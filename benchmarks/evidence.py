@@ -10,11 +10,12 @@ The design is fixed here, so every regeneration describes the same experiment:
   and the four ablations (`no_refine`, `no_shape`, `no_fewshot`, `no_lope`) at `--ablation-seeds` (default
   1), paired with `refinery`'s first seeds; `--confirm ABLATION` runs one of them at `--seeds` seeds instead,
   the check a default change needs (`--confirm no_lope --run` adds `no_lope`'s seeds 1 and 2);
-- one shared config, benchmarks/evidence.toml (the embedded default policy, a pool ten times the default's
-  generation sizes with a quarter, 106 prompts, held out, 8 samples per held-out prompt, a generated-token
+- one shared config, benchmarks/evidence.toml (the embedded default policy, a pool of five strata with a
+  quarter of each stratum's twin groups, 403 prompts, held out by the stratified split, a generated-token
   budget), plus any `--set` overrides;
-- the external set data/external/reasoning_gym_ood.jsonl, scored on every run's last checkpoint and the base
-  model (flows/compare.py).
+- the external sets data/external/reasoning_gym_ood.jsonl and in_family_harder.jsonl (300 prompts each, made
+  once by data/external/make_external.py), scored on every run's last checkpoint and the base model
+  (flows/compare.py; at the matched budget is issue 49's item 6, not yet plumbed).
 Runs go one after the other through flows/compare.py (`refinery compare` does the same for any arms); the page
 is tasks/compare/page.py over the queries of tasks/compare/figures.py. Before writing, every run's stored config
 is checked against the design (the shared config, `--set`, its arm and seed): a store whose runs were made
@@ -47,7 +48,8 @@ sys.path.insert(0, str(REPO))
 CORE = ["uniform", "dapo_filter", "eps_kmeans", "refinery"]
 ABLATIONS = ["no_refine", "no_shape", "no_fewshot", "no_lope"]
 CONFIG = REPO / "benchmarks" / "evidence.toml"
-DATASETS = [REPO / "data" / "external" / "reasoning_gym_ood.jsonl"]
+DATASETS = [REPO / "data" / "external" / name  # made once by data/external/make_external.py
+            for name in ("reasoning_gym_ood.jsonl", "in_family_harder.jsonl")]
 READING = REPO / "benchmarks" / "evidence_reading.md"  # the hand-written reading of the figures, put under the verdict
 PREFIX = "ev"
 
@@ -156,7 +158,14 @@ def arm_groups(seeds: int, ablation_seeds: int, confirmed: list[str]) -> list[tu
     return [(arms, n) for arms, n in ((CORE, seeds), (single, ablation_seeds), (list(confirmed), seeds)) if arms]
 
 
-def design(planned, missing, seeds, ablation_seeds, sets, confirmed=()) -> str:
+def _shown(p: Path) -> str:
+    """A path as the page names it: relative to the repository where it lies inside."""
+    p = Path(p).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
+
+
+def design(planned, missing, seeds, ablation_seeds, sets, confirmed=(), config: Path = CONFIG,
+           datasets: list[Path] = DATASETS) -> str:
     from flows.compare import ARMS, SEEDED
 
     lines = ["## The experiment", "",
@@ -171,9 +180,9 @@ def design(planned, missing, seeds, ablation_seeds, sets, confirmed=()) -> str:
         lines.append(f"| `{arm}` | {'; '.join(f'`{o}`' for o in ARMS[arm]) or '(none: the shared config)'} | {ids} |")
     if missing:
         lines += ["", f"Not finished when this page was written, so left out: {', '.join(f'`{m}`' for m in missing)}."]
-    lines += ["", f"Shared config ({CONFIG.relative_to(REPO)}):", "", "```toml", CONFIG.read_text().strip(), "```",
+    lines += ["", f"Shared config ({_shown(config)}):", "", "```toml", config.read_text().strip(), "```",
               *(["", "Shared overrides (`--set`): " + ", ".join(f"`{x}`" for x in sets)] if sets else []),
-              "", "External set: " + ", ".join(f"{p.relative_to(REPO)}" for p in DATASETS) + " (how it was made: "
+              "", "External set: " + ", ".join(_shown(p) for p in datasets) + " (how it was made: "
               "its generator script beside it). It scores each run's last checkpoint and the base model; its "
               "`near` prompts are pool tasks at levels the pool never uses, `far` ones tasks it never uses."]
     return "\n".join(lines)
@@ -190,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="run this ablation at --seeds paired seeds, like a core arm (repeat for more): the check "
                     "a default change needs before it is made")
     ap.add_argument("--out", default=str(REPO / "docs" / "evidence.md"))
+    ap.add_argument("--config", default=str(CONFIG), help="the shared design (default benchmarks/evidence.toml; the "
+                    "committed store's runs were made with benchmarks/evidence_v1.toml)")
+    ap.add_argument("--dataset", action="append", default=None, metavar="JSONL",
+                    help="an external set scored on every run (repeat for more; default: "
+                    + ", ".join(str(p.relative_to(REPO)) for p in DATASETS) + ")")
     ap.add_argument("--json", default=None, help="write the headline figures here as flat keys")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="an override shared by every run, on top of benchmarks/evidence.toml")
@@ -209,7 +223,7 @@ def _main(a: argparse.Namespace) -> int:
     from tasks.compare.page import build, markdown
     from tasks.compare.plots import plots
 
-    datasets = [str(p) for p in DATASETS]
+    datasets = a.dataset or [str(p) for p in DATASETS]
     a.confirm = list(dict.fromkeys(a.confirm))
     groups = arm_groups(a.seeds, a.ablation_seeds, a.confirm)
     planned = [r for arms, seeds in groups for r in plan(arms, seeds, PREFIX, a.set, {})]
@@ -218,7 +232,7 @@ def _main(a: argparse.Namespace) -> int:
 
         prepare_prefect(a.store, verbose=False)
         for arms, seeds in groups:
-            compare(arms, seeds, PREFIX, a.set, {}, None, a.store, str(CONFIG), datasets=datasets,
+            compare(arms, seeds, PREFIX, a.set, {}, None, a.store, a.config, datasets=datasets,
                     on_run=lambda r: (print(f"evidence: {r.run_id} (arm {r.arm}, seed {r.seed})", flush=True),
                                       record_machine(a.store, r.run_id)), allow_mixed=a.allow_mixed)
     store = Store(a.store)
@@ -232,7 +246,7 @@ def _main(a: argparse.Namespace) -> int:
     if not any(r.arm == "uniform" for r in planned):
         print("evidence: no finished `uniform` run to compare against yet", file=sys.stderr)
         return 2
-    check_design(store, planned, str(CONFIG), [])  # r.sets already hold --set
+    check_design(store, planned, a.config, [])  # r.sets already hold --set
     from flows.compare import code_of_runs, mixed_code
 
     mixed = mixed_code(store, [r.run_id for r in planned], False, a.allow_mixed)  # refused unless --allow-mixed
@@ -264,12 +278,13 @@ def _main(a: argparse.Namespace) -> int:
         "comparison). Wall-clock seconds include the held-out evaluations of earlier checkpoints and whatever "
         "else ran on the machine at the time: read them as rough."])
     reading = READING.read_text(encoding="utf-8") if READING.exists() else ""
-    page = markdown(ev, names, header, design(planned, missing, a.seeds, a.ablation_seeds, a.set, a.confirm), reading)
+    page = markdown(ev, names, header, design(planned, missing, a.seeds, a.ablation_seeds, a.set, a.confirm,
+                                              Path(a.config), [Path(d) for d in datasets]), reading)
     out.write_text(page, encoding="utf-8")
     print(f"evidence: wrote {out} and its plots in {figures}")
     if a.json:
         flat = {"heldout_prompts": ev.heldout_prompts, "eval_samples": ev.samples, "commits": commits,
-                "dirty_runs": dirty_runs,
+                "dirty_runs": dirty_runs, "eval_token_share": ev.eval_token_share,
                 **{f"matched_{k}": v for k, v in ev.budgets.items()}}
         for f in ev.arms:
             flat[f"{f.arm}_pass1_at_tokens"] = f.at["tokens"].mean

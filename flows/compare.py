@@ -81,10 +81,12 @@ def code_of_runs(store, run_ids: list[str]) -> tuple[list[str], list[str]]:
     resumed work (storage/provenance.py); a row written before commits were recorded counts as `unrecorded`."""
     import polars as pl
 
-    from storage.query import scan
+    from storage.query import table_rows_with_schema
 
-    rows = (scan(store, "runs").filter(pl.col("run_id").is_in(run_ids) & pl.col("status").is_in(["running", "resumed"]))
-            .select("run_id", "commit", "dirty").collect())
+    # read with the table's schema: files written before `commit` existed read it as null (scan would take its
+    # columns from the first file and miss it everywhere)
+    rows = (table_rows_with_schema(store, "runs", ["run_id", "status", "commit", "dirty"])
+            .filter(pl.col("run_id").is_in(run_ids) & pl.col("status").is_in(["running", "resumed"])))
     commits = sorted({c or "unrecorded" for c in rows["commit"].to_list()})
     return commits, sorted(set(rows.filter(pl.col("dirty").fill_null(False))["run_id"].to_list()))
 

@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from models.config import ModelConfig, Section
 from models.sharded import ScaleConfig
+from tasks.core.governor import GovernorConfig
 from tasks.core.grpo import TrainConfig
 from tasks.core.rewards import RewardConfig
 from tasks.evaluate import EvalConfig
@@ -52,6 +53,8 @@ class RunConfig(Section):
     train: TrainConfig = Field(default_factory=TrainConfig, description="the GRPO update of each round")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out pass@1 / pass@k of each checkpoint")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="how answers are verified and scored")
+    governor: GovernorConfig = Field(default_factory=GovernorConfig, description="the budget governor: LoPE, "
+                                     "shaping and refinement earn their generated tokens round by round")
     utility: UtilityConfig = Field(default_factory=UtilityConfig, description="EPS, the prompt utility that "
                                    "buckets and weights prompts")
     scale: ScaleConfig = Field(default_factory=ScaleConfig, description="where collect, LoPE, evaluate and "
@@ -106,9 +109,10 @@ def placed(config: RunConfig) -> RunConfig:
 def stored_base(stored: dict, model: type[Section] | None = None, prefix: str = "") -> tuple[dict, list[str]]:
     """A run's stored config as the base tree of its resume, and the dotted paths of the fields it holds that
     this version no longer has (dropped: the code cannot honour them; the resume records them). Fields added
-    since are absent from it, so they take today's defaults."""
+    since are absent from it, so they take today's defaults, except where a section's `absent_means` says what
+    a config stored without them ran with (eval.decoding: 'sampled')."""
     model = model or RunConfig
-    tree, gone = {}, []
+    tree, gone = {k: v for k, v in getattr(model, "absent_means", {}).items() if k not in stored}, []
     for key, value in stored.items():
         info = model.model_fields.get(key)
         if info is None:

@@ -7,8 +7,11 @@ Choices, and why:
 - Resume is store-driven: a stage whose commit record exists is skipped, so rerunning a run_id continues at
   the first stage that has not landed, whatever killed it.
 - Round r samples the newest checkpoint trained before it (version r with training on, else the base model as
-  version 0); training writes version r + 1, which the evaluate stage scores on the held-out split (round 0
-  also scores version 0, so the eval curve starts at the base model).
+  version 0); training writes version r + 1, which the evaluate stage scores on the held-out split when it is
+  due: after every round (eval.milestone_tokens 0), or when the round's generated tokens first reach a
+  multiple of eval.milestone_tokens, and at the run's end (tasks/evaluate.py). Round 0 also scores version 0,
+  so the eval curve starts at the base model. The decision is read from the store, so a run killed between
+  a milestone's training and its evaluation evaluates it on resume.
 - Each round ends with the report stage (plots and an HTML page under <store>/_reports/run_id=<run>/, redrawn
   from the store) and publishes Prefect artifacts: a keyed table per round and a markdown summary.
 - `max_generated_tokens` (a token budget, for comparisons at equal compute): before each round the flow sums
@@ -35,12 +38,14 @@ from storage.query import scan
 from storage.runs import mark, run_lock, stored_config
 from storage.store import Store
 from tasks.collect import collect_task
-from tasks.evaluate import evaluate_task
+from tasks.evaluate import due, evaluate_task
+from tasks.govern import govern_task, held_sections
 from tasks.pool import pool_task
 from tasks.refine import refine_task
 from tasks.report import publish_round_artifacts, report_task
 from tasks.score import score_task
 from tasks.select import select_task
+from tasks.selectors import selector
 from tasks.shape import shape_task
 from tasks.stage import RoundContext
 from tasks.train import train_task
@@ -61,7 +66,10 @@ _RESUMABLE = {"rounds", "max_generated_tokens", "run_id", "store", "model.batch_
               "train.shared_prefix", "train.micro_batch", "train.micro_tokens", "train.lean_activations",
               "train.grads_in_place",
               # where generation runs does not change the rows (keyed sampling, models/sharded.py)
-              "scale.rollout_workers", "scale.ray_address", "scale.cpus_per_worker", "scale.gpus_per_worker"}
+              "scale.rollout_workers", "scale.ray_address", "scale.cpus_per_worker", "scale.gpus_per_worker",
+              # the governor decides each round before it generates, from rounds that landed: its landed
+              # decisions stay, and a run it started without (an older one) may take it up
+              "governor.enabled", "governor.patience"}
 _UNRECORDED = {"run_id", "store"}  # where the run lives, not how it runs
 
 
@@ -169,22 +177,24 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                                rounds=config.rounds, model=config.model.model_copy(update={"policy": spec}),
                                scale=config.scale, token_budget=config.max_generated_tokens, tokens_spent=spent)
             heldout = config.eval.heldout_fraction if config.eval.enabled else 0.0
-            finished(stages, pool_task(ctx, config.pool, heldout, config.eval.seed))
-            selecting = config.select.selector != "all"
+            finished(stages, pool_task(ctx, config.pool, heldout, config.eval.seed, config.eval.heldout_split))
+            if config.governor.enabled:  # throttled components are held at their minimum this round
+                finished(stages, govern_task(ctx, config.governor))
+            held = held_sections(store, config.run_id, r, {"rollout": config.rollout, "shape": config.shape,
+                                                           "refine": config.refine})
+            selecting = not selector(config.select.selector).whole_pool  # `all`: collect reads the pool
             if selecting:
                 finished(stages, select_task(ctx, config.select, config.rollout.include_reserve))
-            finished(stages, collect_task(ctx, config.rollout, config.reward, config.select, selecting))
+            finished(stages, collect_task(ctx, held["rollout"], config.reward, config.select, selecting))
             finished(stages, score_task(ctx, config.utility))
             if config.refine.strategies and r + 1 < config.rounds:  # children of the last round would never run
-                finished(stages, refine_task(ctx, config.refine))
+                finished(stages, refine_task(ctx, held["refine"]))
             if config.shape.enabled:
-                finished(stages, shape_task(ctx, config.shape, config.rollout, config.reward, config.refine))
+                finished(stages, shape_task(ctx, held["shape"], config.rollout, config.reward, config.refine))
             if config.train.enabled:
                 finished(stages, train_task(ctx, config.train, config.rollout))
             if config.eval.enabled:
-                new = policy_for_round(store, config.run_id, r + 1, base)
-                versions = ([(0, base)] if r == 0 and new[0] != 0 else []) + [new]
-                finished(stages, evaluate_task(ctx, versions, config.eval, config.rollout, config.reward))
+                finished(stages, *evaluation(store, config, ctx, spent))
             finished(stages, report_task(store.uri, config.run_id, r))
             publish_round_artifacts(store, config.run_id, r, stages[first:])
     except BaseException as e:
@@ -195,8 +205,33 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             "seconds": time.perf_counter() - t0, **({"stopped": budget} if budget else {})}
 
 
-def finished(stages: list[dict], summary: dict) -> None:
-    """Keep a stage's summary and say on `progress` that it finished (or had landed before this run)."""
+def evaluation(store: Store, config: RunConfig, ctx: RoundContext, spent: int) -> list[dict]:
+    """The round's evaluate stage, if it is due (tasks/evaluate.py `due`: every round, or a milestone the round
+    reached, or the run's end; round 0 always scores the base model, milestone 0): its summary, or nothing."""
+    r, base = ctx.round, config.model.policy
+    after = generated_tokens(store, config.run_id, before_round=r + 1)
+    last = r + 1 == config.rounds or (config.max_generated_tokens is not None
+                                      and after >= config.max_generated_tokens)
+    now, mark = due(config.eval, spent, after, last)
+    new = policy_for_round(store, config.run_id, r + 1, base)
+    versions = [(0, base)] if r == 0 and new[0] != 0 else []
+    at = {0: (0, 0), new[0]: (mark, after) if new[0] else (0, 0)}  # the base model is milestone 0
+    if now or (r == 0 and new[0] == 0):  # training off: version 0, the base model, is scored in round 0
+        versions.append(new)
+    if not versions:
+        return []
+    # every-round evaluation writes its rows as before milestones existed (milestone, generated_tokens null)
+    return [evaluate_task(ctx, versions, config.eval, config.rollout, config.reward,
+                          at if config.eval.milestone_tokens else None)]
+
+
+def finished(stages: list[dict], *summaries: dict) -> None:
+    """Keep each stage's summary and say on `progress` that it finished (or had landed before this run)."""
+    for summary in summaries:
+        _finished(stages, summary)
+
+
+def _finished(stages: list[dict], summary: dict) -> None:
     stages.append(summary)
     where = f"round {summary.get('round')}: {summary.get('stage')}"
     if summary.get("skipped"):

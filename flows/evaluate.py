@@ -1,8 +1,8 @@
 """The evaluate flow: held-out pass@1 / pass@k of one of a run's checkpoints (default: its newest).
 
-It reuses the run's stored config (held-out split, sampling, verifier), so the numbers are comparable with
-the curriculum flow's own per-round evaluations. The result lands in `evals` as stage `eval-v<version>` of
-the checkpoint's round. A version whose held-out numbers have landed already (the curriculum's own evaluation of
+It reuses the run's stored config (held-out split, decoding, verifier), so the numbers are comparable with
+the curriculum flow's own evaluations (its `evals` rows leave milestone and generated_tokens null). The result
+lands in `evals` as stage `eval-v<version>` of the checkpoint's round. A version whose held-out numbers have landed already (the curriculum's own evaluation of
 it, stage `evaluate`, or an earlier `eval`) reports those numbers instead of resampling: the same config and
 seeds would draw the same samples, and a second identical row would count twice in SQL over `evals`.
 
@@ -52,8 +52,10 @@ def latest_run(store: Store) -> str:
 
 
 def run_config(store: Store, run_id: str, purpose: str):
-    """The stored config of a `refinery run` run as a RunConfig; a run made otherwise is refused in one line."""
-    from flows.config import RunConfig
+    """The stored config of a `refinery run` run as a RunConfig, read as a resume reads it (`stored_base`: a
+    run stored before eval.decoding existed is evaluated as it was, sampled); a run made otherwise is refused
+    in one line."""
+    from flows.config import RunConfig, stored_base
     from storage.runs import stored_config
 
     cfg = stored_config(store, run_id)
@@ -63,7 +65,7 @@ def run_config(store: Store, run_id: str, purpose: str):
     if other:
         raise ValueError(f"run {run_id} was made by {other}, not `refinery run`: it has no checkpoints of its "
                          f"own to {purpose}")
-    return RunConfig.model_validate(cfg)
+    return RunConfig.model_validate(stored_base(cfg)[0])
 
 
 MAX_DATASET_NAME = 100  # the stage name eval-v<version>-<name>-<8 hex> stays within the store's 128 characters

@@ -1,4 +1,5 @@
-"""The experience store's tables: explicit pyarrow schemas (types and nullability).
+"""The experience store's tables: explicit pyarrow schemas (types and nullability). It runs over 300 lines because it is
+the one declaration of every table, each column commented where it is: split, a reader would look in two places.
 
 Column names are a contract with users' SQL (README.md, "The experience store"): columns may be added, never renamed.
 JSON-valued columns (`config`, `params`, `meta`, `teacher_call`) hold JSON strings.
@@ -76,6 +77,9 @@ TABLES: dict[str, pa.Schema] = {
         _f("prompt_id", pa.string()),
         _f("status", pa.string()),  # active | reserve | retired | heldout
         _f("level", pa.string(), True),
+        # round 0 under eval.heldout_split 'stratified': the prompt's pool source entry (tasks/core/heldout.py
+        # `stratum_name`); null in later rounds, under 'flat' and in older rows
+        _f("stratum", pa.string(), True),
     ]),
     "rollouts": pa.schema(_ROLLOUT_FIELDS),
     # DAPO dynamic sampling's discards (tasks/core/dapo.py; selector dapo_filter): groups generated in the round but
@@ -118,6 +122,37 @@ TABLES: dict[str, pa.Schema] = {
         _f("weight", pa.float64(), True),
         _f("reason", pa.string(), True),
     ]),
+    # What the pass-rate model (tasks/core/passrate.py) predicted for each prompt a selector scored before the
+    # round generated anything; what happened is in prompt_scores (and rollouts) at the same (run, round, prompt).
+    "predictions": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),
+        _f("prompt_id", pa.string()),
+        _f("selector", pa.string()),
+        _f("bin", pa.string()),
+        _f("alpha", pa.float64()),
+        _f("beta", pa.float64()),
+        _f("predicted_pass_rate", pa.float64()),  # the posterior mean
+        _f("predicted_informative", pa.float64()),  # P(a group of G is mixed) under the posterior
+        _f("draw", pa.float64(), True),  # the Thompson draw of the pass rate, where one was made
+        _f("picked", pa.bool_()),
+    ]),
+    # The budget governor's decision per component and round (tasks/govern.py, tasks/core/governor.py): the newest
+    # measured round's training rows per 1k generated tokens against plain rollouts', and the throttle it set.
+    "governor": pa.schema([
+        _f("run_id", pa.string()),
+        _f("round", pa.int32()),  # the round the decision applies to (made from rounds before it)
+        _f("component", pa.string()),
+        _f("field", pa.string()),  # the config field held at its minimum while throttled
+        _f("measured_round", pa.int32(), True),
+        _f("tokens", pa.int64(), True),
+        _f("rows", pa.float64(), True),
+        _f("yield_per_1k", pa.float64(), True),
+        _f("baseline_per_1k", pa.float64(), True),
+        _f("below_rounds", pa.int32()),
+        _f("throttled", pa.bool_()),
+        _f("decision", pa.string()),  # start | keep | throttle | restore | idle
+    ]),
     "shaped_traces": pa.schema([
         _f("run_id", pa.string()),
         _f("round", pa.int32()),
@@ -159,6 +194,11 @@ TABLES: dict[str, pa.Schema] = {
         _f("k", pa.int32()),
         _f("pass_at_1", pa.float64()),
         _f("pass_at_k", pa.float64()),
+        # the generated-token milestone this evaluation is at (tasks/evaluate.py: a multiple of
+        # eval.milestone_tokens, 0 for the base model) and the run's generated tokens before the checkpoint
+        # (evaluation excluded); null: evaluated every round, `refinery eval`, or older rows
+        _f("milestone", pa.int64(), True),
+        _f("generated_tokens", pa.int64(), True),
     ]),
     "eval_results": pa.schema([  # one row per (evaluation, prompt): what bootstrap intervals resample
         _f("run_id", pa.string()),

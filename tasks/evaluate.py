@@ -5,9 +5,25 @@ chosen by a hash of (eval seed, root_id), gets pool status 'heldout'. Held-out p
 collected for training, refined or shaped, and refinement only ever derives children from collected
 prompts, so training and evaluation are disjoint by root_id.
 
-pass@1 is the mean per-prompt share of correct samples; pass@k is the unbiased estimator
-1 - C(n - c, k) / C(n, k) (Chen et al. 2021), averaged over prompts. Samples are plain prompts (no few-shot,
-no LoPE), at the eval temperature, seeded.
+Decoding (`decoding`): 'greedy' (the default) takes one sample per prompt at T = 0, so pass@1 is "correct or
+not" and pass@k is pass@1 (rows record k = 1); 'sampled' takes `n_samples` at `temperature`, seeded, and pass@1
+is the mean per-prompt share of correct samples, pass@k the unbiased estimator 1 - C(n - c, k) / C(n, k) (Chen
+et al. 2021), averaged over prompts. Greedy costs one completion per prompt instead of n: at the evidence
+comparison's scale (8 samples per prompt after every round) evaluation was 68% of all generated tokens. Prompts
+are plain (no few-shot, no LoPE).
+
+When (`milestone_tokens`, the curriculum flow decides with `due`): with M > 0 a round's new checkpoint is
+evaluated when the run's generated tokens (evaluation excluded) first reach or cross a multiple of M in that
+round, and at the run's end (its last round, or the round that reaches max_generated_tokens); the base model is
+milestone 0. With M = 0 every round's checkpoint is evaluated. Each `evals` row records its `milestone` (the
+multiple k * M it reached, 0 for the base model; null at a run's end that reached none) and the run's
+`generated_tokens` before it; with M = 0 both stay null, as rows were written before milestones (the round is
+the milestone, and the comparison sums the rounds' tokens). Every checkpoint is kept (nothing prunes checkpoints), so a milestone's policy
+can be evaluated again with `refinery eval`. The decision is a function of the store, so a run killed between
+a milestone's training and its evaluation evaluates it on resume (the stage has not landed).
+
+A run stored before these fields existed ran 'sampled' after every round: `EvalConfig.absent_means` gives a
+stored config without them those values (flows/config.py `stored_base`), so resuming it does not switch.
 
 Each evaluation lands one `evals` row (the means) and one `eval_results` row per prompt (samples, correct
 ones, generated tokens), so intervals can resample prompts and tokens per correct answer can be counted. The
@@ -22,6 +38,8 @@ stopped run's checkpoint before the run resumes.
 """
 
 from __future__ import annotations
+
+from typing import ClassVar, Literal
 
 import polars as pl
 import pyarrow as pa
@@ -52,11 +70,51 @@ class EvalConfig(Section):
     enabled: bool = Field(True, description="score every new checkpoint on the held-out prompts")
     heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="share of the round-0 pool's root "
                                     "prompts held out; never selected, refined or trained on")
-    n_samples: int = Field(4, ge=1, le=1024, description="samples per held-out prompt")
-    k: int = Field(4, ge=1, le=1024, description="pass@k (k <= n_samples)")
-    temperature: float = Field(0.7, ge=0.0, le=2.0, description="sampling temperature of the evaluation")
+    heldout_split: Literal["stratified", "flat"] = Field("stratified", description="stratified: commutative "
+                                                         "twins together, each pool source entry holds out its "
+                                                         "share (tasks/core/heldout.py); flat: a hash of the roots")
+    decoding: Literal["greedy", "sampled"] = Field("greedy", description="greedy: one sample per prompt at "
+                                                   "T = 0 (pass@1 = correct or not); sampled: n_samples at "
+                                                   "`temperature`, pass@1 and pass@k")
+    milestone_tokens: int = Field(0, ge=0, description="evaluate when the run's generated tokens (evaluation "
+                                  "excluded) first reach each multiple of this, and at the run's end; 0: "
+                                  "after every round")
+    n_samples: int = Field(4, ge=1, le=1024, description="samples per held-out prompt (decoding 'sampled')")
+    k: int = Field(4, ge=1, le=1024, description="pass@k (k <= n_samples; decoding 'sampled')")
+    temperature: float = Field(0.7, ge=0.0, le=2.0, description="sampling temperature of the evaluation "
+                               "(decoding 'sampled')")
     seed: int = Field(0, ge=0, description="evaluation sampling seed (version v samples with seed * 1000 + v); "
                       "also picks the held-out prompts")
+
+    # what a stored config without these fields ran with (flows/config.py `stored_base` fills them in)
+    absent_means: ClassVar[dict] = {"decoding": "sampled", "milestone_tokens": 0, "heldout_split": "flat"}
+
+    def plan(self) -> tuple[int, int, float]:
+        """(samples per prompt, k, temperature) of this decoding."""
+        return (1, 1, 0.0) if self.decoding == "greedy" else (self.n_samples, self.k, self.temperature)
+
+
+def milestone_reached(before: int, after: int, every: int) -> int | None:
+    """The milestone a round first reaches, going from `before` to `after` generated tokens: the largest
+    multiple of `every` in (before, after], or None (none, or every = 0).
+
+    >>> milestone_reached(9_000, 12_000, 10_000), milestone_reached(10_000, 19_999, 10_000)
+    (10000, None)
+    >>> milestone_reached(9_000, 31_000, 10_000)
+    30000
+    """
+    if every <= 0:
+        return None
+    top = after // every * every
+    return top if top > before else None
+
+
+def due(cfg: EvalConfig, before: int, after: int, last: bool) -> tuple[bool, int | None]:
+    """Whether a round that took the run from `before` to `after` generated tokens evaluates its checkpoint,
+    and the milestone it records: every round with milestone_tokens 0, else a round that reaches a milestone
+    or ends the run."""
+    mark = milestone_reached(before, after, cfg.milestone_tokens)
+    return cfg.milestone_tokens == 0 or mark is not None or last, mark
 
 
 def heldout_prompts(store: Store, run_id: str) -> pl.DataFrame:
@@ -78,35 +136,39 @@ def summary_numbers(row: dict) -> dict:
 
 def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int, str]], cfg: EvalConfig,
                       rollout_cfg: RolloutConfig, reward_cfg: RewardConfig, stage: str = "evaluate",
-                      prompts: pl.DataFrame | None = None, split: str = "heldout") -> dict:
+                      prompts: pl.DataFrame | None = None, split: str = "heldout",
+                      at: dict[int, tuple[int | None, int | None]] | None = None) -> dict:
     """Evaluate each (policy_version, model spec) on `prompts` (prompt_id, text, answer, source, meta; default
     the run's held-out split); land one `evals` row per version and one `eval_results` row per version and
-    prompt under `split`, as stage `stage` of ctx's round (the caller checks whether it already landed)."""
+    prompt under `split`, as stage `stage` of ctx's round (the caller checks whether it already landed).
+    `at` gives a version's (milestone, generated tokens before it) for its `evals` row (default null)."""
     if prompts is None:
         prompts = heldout_prompts(store, ctx.run_id)
         if prompts.height == 0:
             raise ValueError(f"run {ctx.run_id} has no held-out prompts (eval.heldout_fraction was 0, or the run "
                              "predates held-out splits)")
     rows, per_prompt, timeouts = [], [], 0
+    n, k, temperature = cfg.plan()
     for version, spec in versions:
         model = ctx.model.model_copy(update={"policy": spec})
         backend = load_generator(model, ctx.scale)
         rendered = [backend.render([ask(t, rollout_cfg.instruction)]) for t in prompts["text"]]
-        sampling = Sampling(cfg.temperature, 1.0, rollout_cfg.max_new_tokens, round_seed(cfg.seed, version))
-        groups = record("eval", backend.generate(rendered, cfg.n_samples, sampling,
+        sampling = Sampling(temperature, 1.0, rollout_cfg.max_new_tokens, round_seed(cfg.seed, version))
+        groups = record("eval", backend.generate(rendered, n, sampling,
                                                  row_seeds=row_seeds(sampling.seed, prompts["prompt_id"].to_list())))
         p1, pk = [], []
         for pid, group, checked in zip(prompts["prompt_id"], groups, verdicts(prompts, groups, reward_cfg)):
             c = sum(v.correct for v in checked)
             timeouts += sum(v.timed_out for v in checked)
             p1.append(c / len(group))
-            pk.append(pass_at_k(len(group), c, cfg.k))
+            pk.append(pass_at_k(len(group), c, k))
             per_prompt.append({"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": split,
                                "prompt_id": pid, "n_samples": len(group), "n_correct": c,
                                "n_tokens": sum(s.n_tokens for s in group)})
         rows.append({"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": split,
-                     "n_prompts": prompts.height, "k": cfg.k, "pass_at_1": sum(p1) / len(p1),
-                     "pass_at_k": sum(pk) / len(pk)})
+                     "n_prompts": prompts.height, "k": k, "pass_at_1": sum(p1) / len(p1),
+                     "pass_at_k": sum(pk) / len(pk), "milestone": (at or {}).get(version, (None, None))[0],
+                     "generated_tokens": (at or {}).get(version, (None, None))[1]})
         if spec != versions[-1][1]:  # the last version is the one the next round samples: only it stays loaded
             del backend
             release_model(model)
@@ -120,12 +182,14 @@ def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int,
 
 @stage("evaluate")
 def evaluate_task(ctx: RoundContext, store: Store, versions: list[tuple[int, str]], cfg: EvalConfig,
-                  rollout_cfg: RolloutConfig, reward_cfg: RewardConfig) -> dict:
-    """The held-out evaluation of the round's new checkpoint (and, in round 0, the base model). A version whose
-    held-out numbers landed already is reported, not sampled again (the stage lands what is new: maybe nothing)."""
+                  rollout_cfg: RolloutConfig, reward_cfg: RewardConfig,
+                  at: dict[int, tuple[int | None, int | None]] | None = None) -> dict:
+    """The held-out evaluation of the round's new checkpoint (and, in round 0, the base model); `at`: each
+    version's (milestone, generated tokens before it). A version whose held-out numbers landed already is
+    reported, not sampled again (the stage lands what is new: maybe nothing)."""
     landed = landed_heldout(store, ctx.run_id, [v for v, _ in versions])
     out = evaluate_versions(store, ctx, [(v, spec) for v, spec in versions if v not in landed], cfg, rollout_cfg,
-                            reward_cfg)
+                            reward_cfg, at=at)
     if landed:
         out["versions"] = {**{v: summary_numbers(r) for v, r in sorted(landed.items())}, **out["versions"]}
         out["reported"] = sorted(landed)

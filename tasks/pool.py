@@ -1,7 +1,9 @@
 """Pool stage: the run's prompt membership for a round (docs/algorithms.md §2).
 
 Round 0 lands the configured sources (ingestion is idempotent: content-addressed ids) and makes their
-prompts active, except a held-out share (status 'heldout', fixed for the run; tasks/core/heldout.py).
+prompts active, except a held-out share (status 'heldout', fixed for the run; tasks/core/heldout.py: twins
+together and every source entry represented under eval.heldout_split 'stratified', whose rows record their
+`stratum`).
 Later rounds derive membership from the previous round's pool and scores
 (`tasks/core/pool_rules.py`): non-informative originals go to reserve, reserve prompts that recover come back.
 The scores it reads are the policy's own samples (tasks/core/eps.py): a LoPE-rescued group counts as
@@ -18,7 +20,7 @@ from pydantic import Field, field_validator
 from models.config import Section
 from storage.rounds import prompts, this_round
 from storage.store import Store
-from tasks.core.heldout import heldout_roots
+from tasks.core.heldout import heldout_roots, stratified_heldout, stratum_name, twin_key
 from tasks.core.pool_rules import next_pool
 from tasks.ingest import commit_prompts, load_source
 from tasks.stage import RoundContext, stage
@@ -62,30 +64,42 @@ class PoolConfig(Section):
 
 
 def initial_pool(store: Store, run_id: str, cfg: PoolConfig, heldout_fraction: float = 0.0,
-                 heldout_seed: int = 0) -> pl.DataFrame:
-    ids: list[str] = []
+                 heldout_seed: int = 0, heldout_split: str = "flat") -> pl.DataFrame:
+    """Round 0's pool: every source's prompts, `heldout_fraction` of them held out by `heldout_split`
+    (tasks/core/heldout.py). Under "stratified" each row records its stratum, the first source entry that
+    lists the prompt; under "flat" `stratum` stays null, as rows were written before it existed."""
+    strata: dict[str, str] = {}  # prompt_id -> stratum
+    keys: dict[str, str] = {}  # prompt_id -> twin key
     for spec in cfg.sources:
         rows, bad = load_source(spec.source, spec.size, cfg.seed, dict(spec.params))
         if bad:
             raise ValueError(f"pool source {spec.source}: {len(bad)} bad row(s), e.g. {bad[0]}")
         commit_prompts(store, rows)
-        ids += [r.prompt_id for r in rows]
-    unique = sorted(set(ids))
-    heldout = heldout_roots(unique, heldout_fraction, heldout_seed)  # round-0 prompts are their own roots
+        name = stratum_name(spec.source, dict(spec.params))
+        for r in rows:
+            strata.setdefault(r.prompt_id, name)
+            keys.setdefault(r.prompt_id, twin_key(r.text, r.answer))
+    unique = sorted(strata)
+    stratified = heldout_split == "stratified"
+    if stratified:  # strata in config order: the order `stratified_heldout` fills them
+        heldout = stratified_heldout(((p, strata[p], keys[p]) for p in strata), heldout_fraction, heldout_seed)
+    else:
+        heldout = heldout_roots(unique, heldout_fraction, heldout_seed)  # round-0 prompts are their own roots
     return pl.DataFrame({"run_id": [run_id] * len(unique), "round": [0] * len(unique), "prompt_id": unique,
                          "status": ["heldout" if p in heldout else "active" for p in unique],
-                         "level": [None] * len(unique)},
+                         "level": [None] * len(unique),
+                         "stratum": [strata[p] if stratified else None for p in unique]},
                         schema={"run_id": pl.String, "round": pl.Int32, "prompt_id": pl.String,
-                                "status": pl.String, "level": pl.String})
+                                "status": pl.String, "level": pl.String, "stratum": pl.String})
 
 
 @stage("pool")
 def pool_task(ctx: RoundContext, store: Store, cfg: PoolConfig, heldout_fraction: float = 0.0,
-              heldout_seed: int = 0) -> dict:
+              heldout_seed: int = 0, heldout_split: str = "flat") -> dict:
     """Round 0: land the sources and split off the held-out share. Later rounds: `next_pool` over the previous
     round's pool, scores and refinements."""
     if ctx.round == 0:
-        pool = initial_pool(store, ctx.run_id, cfg, heldout_fraction, heldout_seed)
+        pool = initial_pool(store, ctx.run_id, cfg, heldout_fraction, heldout_seed, heldout_split)
     else:
         def prev(table: str) -> pl.DataFrame:
             return this_round(store, table, ctx.run_id, ctx.round - 1).collect()

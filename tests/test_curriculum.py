@@ -39,7 +39,7 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store, monkeypatch):
     from flows.curriculum import curriculum
 
     out = curriculum(load_config(sets=SELF_TEACHER, run_id="e2e", store=store.root, rounds=2))
-    full = ["pool", "select", "collect", "score", "refine", "shape", "train", "evaluate", "report"]
+    full = ["pool", "govern", "select", "collect", "score", "refine", "shape", "train", "evaluate", "report"]
     assert [s["stage"] for s in out["stages"]] == full + [s for s in full if s != "refine"]
     # the chain of policy versions, one per round, each with its parent, and an evaluation of each
     chain = sql(store, "SELECT policy_version, parent_version, round FROM checkpoints WHERE run_id = 'e2e' "
@@ -50,7 +50,7 @@ def test_two_rounds_on_the_tiny_model(prefect_api, store, monkeypatch):
     evals = sql(store, "SELECT round, policy_version, n_prompts, k, pass_at_1 FROM evals WHERE run_id = 'e2e' "
                        "ORDER BY round, policy_version").to_pylist()
     assert [(e["round"], e["policy_version"]) for e in evals] == [(0, 0), (0, 1), (1, 2)]
-    assert all(e["n_prompts"] == 2 and e["k"] == 4 for e in evals)
+    assert all(e["n_prompts"] == 2 and e["k"] == 1 for e in evals)  # greedy, the default: pass@k is pass@1
     # every rollout keeps the ids its sampler drew (end token included when it stopped) and their log-probs,
     # whose mean is the stored mean_logprob over the tokens before the end
     kept = sql(store, "SELECT count(*) AS n, count(*) FILTER (WHERE len(token_ids) = n_tokens "

@@ -19,7 +19,8 @@ from tasks.core.curves import at_budget, matched_budget
 
 # the scripted backend (real groups with mixed rewards, so GRPO takes steps) with training on; a batch of 2
 # prompts, so dapo_filter (which draws every training prompt) discards groups whatever the seeds sample
-SETS = [s for s in SCRIPTED if s != "train.enabled=false"] + ["eval.heldout_fraction=0.3", "select.batch_size=2"]
+SETS = [s for s in SCRIPTED if s != "train.enabled=false"] + ["eval.heldout_fraction=0.3", "select.batch_size=2",
+                                                                  "eval.milestone_tokens=0"]
 EXTERNAL = [{"id": "near/0", "question": "What is 2 + 3 + 4?", "answer": "9", "meta": {"kind": "near"}},
             {"id": "near/1", "question": "What is 3 * 3 * 2?", "answer": "18", "meta": {"kind": "near"}},
             {"id": "far/0", "question": "What is the GCD of 12 and 18?", "answer": "6", "meta": {"kind": "far"}}]
@@ -237,7 +238,9 @@ def test_evidence_script_writes_the_page_of_the_finished_runs(compared, tmp_path
     assert sorted(p.name for p in (tmp_path / "docs" / "evidence").iterdir()) == [
         "pass1_vs_seconds.png", "pass1_vs_steps.png", "pass1_vs_tokens.png"]
     figures = json.loads((tmp_path / "e.json").read_text())
-    assert figures["heldout_prompts"] == 2 and "refinery_vs_uniform_at_tokens" in figures
+    heldout = sql(store, "SELECT count(*) AS n FROM pool WHERE run_id = 'ev-uniform-s0' AND round = 0 "
+                         "AND status = 'heldout'").to_pylist()[0]["n"]
+    assert figures["heldout_prompts"] == heldout > 0 and "refinery_vs_uniform_at_tokens" in figures
     # the commit the runs were made at (tests pin one: conftest.py), on the page and in the figures
     assert "The runs on this page were made at commit `tests`, with no uncommitted changes." in page
     assert "Warning" not in page and figures["commits"] == ["tests"] and figures["dirty_runs"] == []

@@ -68,3 +68,14 @@ def test_compare_refuses_runs_of_another_commit_in_one_line_before_any_run(prefe
         "commit; commit (or stash) the changes, finish it at one commit or use another --prefix, or pass "
         "--allow-mixed") and len(err.splitlines()) == 1
     assert sql(store, "SELECT count(*) AS n FROM rollouts").to_pylist() == [{"n": 0}]
+
+
+def test_runs_written_before_commits_were_recorded_count_as_unrecorded():
+    """The golden `resume` store was written by a7d6317, before `runs.commit` existed: its runs read as
+    `unrecorded`, not as a missing column (the committed evidence store is such a store)."""
+    from pathlib import Path
+
+    from storage.store import Store
+
+    store = Store(Path(__file__).parent / "data" / "golden" / "resume")
+    assert code_of_runs(store, ["resume"]) == (["unrecorded"], [])

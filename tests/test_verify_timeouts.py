@@ -89,7 +89,7 @@ def test_evaluate_counts_timeouts_and_scores_the_rest(store, two_prompts, tiny_b
     answers, ids = two_prompts
     land_pool(store, "e", 0, ids, status="heldout")
     monkeypatch.setattr(models.registry, "load_backend", lambda *a, **k: ScriptBackend(tiny_backend, answers))
-    out = evaluate_versions(store, round_ctx(store, "e", 0), [(0, "tiny-random")], EvalConfig(n_samples=4, k=2),
+    out = evaluate_versions(store, round_ctx(store, "e", 0), [(0, "tiny-random")], EvalConfig(n_samples=4, k=2, decoding="sampled"),
                             RolloutConfig(), RewardConfig())
     assert out["verify_timeouts"] == 2
     assert out["versions"][0]["pass_at_1"] == 0.5  # 2 of 4 right per prompt: the timed-out one cost only itself

@@ -9,6 +9,9 @@ with the comparison's prefix; docs/evidence.md prints the same queries, so each 
   wall-clock seconds (the checkpoint's `created_at` less the run's first; this includes the held-out
   evaluations and reports of the earlier checkpoints, a cost per checkpoint, so arms with more, cheaper
   rounds pay more of it, and any time the run stood stopped before it was resumed).
+  A checkpoint evaluated at a generated-token milestone (evals.milestone, tasks/evaluate.py) also has the
+  milestone: the token axis places it there (`run_curves`), so arms evaluated at the same milestones are
+  compared at them, with no interpolation inside a round; a run's last checkpoint without one keeps its tokens.
 - `PASS`: per-prompt pass@1 (and tokens) of every evaluated checkpoint on a split (`heldout`, or an
   external `dataset:<name>`); a checkpoint evaluated again (`refinery eval`) samples with the same seed, so
   its first evaluation stands for it.
@@ -47,8 +50,10 @@ WITH spent AS (SELECT run_id, round, sum(tokens) AS tokens FROM generated_tokens
      versions AS (SELECT DISTINCT run_id, policy_version FROM eval_results
                   WHERE split = 'heldout' AND starts_with(run_id, '{prefix}')),
      made AS (SELECT run_id, policy_version, min(created_at) AS created_at FROM checkpoints
-              WHERE starts_with(run_id, '{prefix}') GROUP BY ALL)
-SELECT v.run_id, v.policy_version,
+              WHERE starts_with(run_id, '{prefix}') GROUP BY ALL),
+     marks AS (SELECT run_id, policy_version, arg_min(milestone, round) AS milestone FROM evals
+               WHERE split = 'heldout' AND starts_with(run_id, '{prefix}') GROUP BY ALL)
+SELECT v.run_id, v.policy_version, m.milestone,
        (SELECT coalesce(sum(s.tokens), 0) FROM spent s
         WHERE s.run_id = v.run_id AND s.round < v.policy_version) AS tokens,
        (SELECT coalesce(sum(s.steps), 0) FROM stepped s
@@ -57,6 +62,7 @@ SELECT v.run_id, v.policy_version,
             ELSE epoch(c.created_at) - epoch(st.t0) END AS seconds
 FROM versions v JOIN started st USING (run_id)
 LEFT JOIN made c ON c.run_id = v.run_id AND c.policy_version = v.policy_version
+LEFT JOIN marks m ON m.run_id = v.run_id AND m.policy_version = v.policy_version
 ORDER BY v.run_id, v.policy_version
 """.strip()
 
@@ -127,11 +133,24 @@ class RunCurve:
     pass1: np.ndarray
     prompt_ids: list[str]
 
+    milestones: list[int | None] = ()  # per checkpoint: the generated-token milestone it was evaluated at
+
     def at(self, axis: str, budget: float) -> np.ndarray | None:
         return at_budget(self.costs[axis], self.pass1, budget)
 
     def last(self, axis: str) -> float:
         return self.costs[axis][-1]
+
+    def last_milestone(self) -> float | None:
+        """The largest milestone the run was evaluated at; None when it was evaluated every round."""
+        marks = [m for m in self.milestones if m is not None]
+        return float(max(marks)) if marks else None
+
+
+def eval_token_share(tokens: pl.DataFrame) -> float:
+    """Evaluation tokens over all generated tokens of a `TOKENS` frame (the comparison's runs)."""
+    total = float(tokens["tokens"].sum())
+    return float(tokens.filter(pl.col("purpose") == "eval")["tokens"].sum()) / total if total else 0.0
 
 
 def run_curves(store: Store, prefix: str, run_ids: list[str], per_prompt: pl.DataFrame | None = None
@@ -157,11 +176,13 @@ def run_curves(store: Store, prefix: str, run_ids: list[str], per_prompt: pl.Dat
         if wide["policy_version"].to_list() != versions:
             raise ValueError(f"run {run_id}: evaluated versions and checkpoints disagree")
         costs = {axis: [float(x) for x in pts[axis].to_list()] for axis in AXES}
+        marks = pts["milestone"].to_list()
+        costs["tokens"] = [float(m) if m is not None else t for m, t in zip(marks, costs["tokens"])]
         for axis in ("tokens", "steps"):  # seconds can only grow too, but a clock may step; tokens and steps must
             if np.any(np.diff(costs[axis]) < 0):
                 raise ValueError(f"run {run_id}: {axis} decrease between checkpoints: {costs[axis]}")
         costs["seconds"] = list(np.maximum.accumulate(costs["seconds"]))
-        out[run_id] = RunCurve(run_id, versions, costs, matrix, ids)
+        out[run_id] = RunCurve(run_id, versions, costs, matrix, ids, marks)
     prompt_sets = {tuple(c.prompt_ids) for c in out.values()}
     if len(prompt_sets) > 1:
         raise ValueError("the runs hold out different prompts: compare runs of one pool and eval seed only")

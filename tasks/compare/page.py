@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from storage.store import Store
-from tasks.compare.figures import AXES, arm_at, frame, query, run_curves
+from tasks.compare.figures import AXES, arm_at, eval_token_share, frame, query, run_curves
 from tasks.core.curves import matched_budget
 from tasks.core.stats import Interval, bootstrap_mean, paired_difference
 
@@ -54,6 +54,7 @@ class Evidence:
     curves: dict = field(default_factory=dict)  # run_id -> RunCurve
     by_arm: dict[str, list[str]] = field(default_factory=dict)
     external_base: dict[str, dict[str, Interval]] = field(default_factory=dict)  # dataset -> kind -> version 0
+    eval_token_share: float = 0.0  # evaluation tokens / all generated tokens of the comparison's runs
 
 
 def _paired(a_curves, b_curves, a_seeds, b_seeds, axis, budget) -> tuple[Interval | None, float]:
@@ -74,9 +75,13 @@ def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), ba
     heldout = frame(store, "PASS", prefix)
     curves = run_curves(store, prefix, [r.run_id for r in planned], heldout)
     budgets = {axis: matched_budget(c.last(axis) for c in curves.values()) for axis in AXES}
+    marks = [c.last_milestone() for c in curves.values()]
+    if all(m is not None for m in marks):  # evaluated at milestones: the largest one every run reached
+        budgets["tokens"] = matched_budget(marks)
     groups = frame(store, "GROUPS", prefix)
     discarded = frame(store, "DISCARDED", prefix)
     tokens = frame(store, "TOKENS", prefix)
+    share = eval_token_share(tokens.filter(pl.col("run_id").is_in([r.run_id for r in planned])))
     runtime = dict(frame(store, "RUNTIME", prefix).select("run_id", "seconds").iter_rows())
     ext = {name: frame(store, "PASS", prefix, f"dataset:{name}") for name in datasets}
     kinds = {name: _kinds(store, name) for name in datasets}
@@ -123,7 +128,8 @@ def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), ba
     return Evidence(prefix, base_arm, budgets, bootstrap_mean(v0[:1]), out,
                     heldout_prompts=len(next(iter(curves.values())).prompt_ids),
                     samples=int(heldout["n_samples"].max()), curves=curves,
-                    by_arm={a: [r.run_id for r in runs[a]] for a in arms}, external_base=external_base)
+                    by_arm={a: [r.run_id for r in runs[a]] for a in arms}, external_base=external_base,
+                    eval_token_share=share)
 
 
 def _kinds(store: Store, name: str) -> dict[str, str]:
@@ -279,7 +285,7 @@ def cost_lines(ev: Evidence) -> list[str]:
         lines.append(f"| `{f.arm}` | {len(f.run_ids)} | {wall} | {per_run:.0f} | {f.purposes.get('eval', 0.0):.0f} |")
     lines += ["", f"In all: {sum(len(f.run_ids) for f in ev.arms)} runs, {total_s / 3600:.1f} hours of wall-clock time one after another, "
               f"{total_tokens / 1e6:.2f}M generated tokens, {total_eval / max(total_tokens, 1):.0%} of them "
-              "evaluation. A run's wall time counts each of its starts until it failed or completed (`RUNTIME`)."]
+              f"evaluation (eval_token_share {ev.eval_token_share:.3f}). A run's wall time counts each of its starts until it failed or completed (`RUNTIME`)."]
     return lines
 
 

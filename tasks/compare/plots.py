@@ -1,5 +1,6 @@
 """The curves of docs/evidence.md: held-out pass@1 against generated tokens, optimizer steps and wall-clock
-seconds, one line per arm (the mean over its seeds, at budgets every seed reached) with its 95% two-way
+seconds, one line per arm (the mean over its seeds, at budgets every seed reached; on the token axis of runs
+evaluated at milestones, at the milestones every seed has) with its 95% two-way
 bootstrap band (tasks/core/stats.py, fewer replicates per point than the tables use). Matplotlib's Agg canvas
 on `Figure` objects, without pyplot, as tasks/reporting/plots.py does.
 """
@@ -21,7 +22,10 @@ def curve(ev: Evidence, arm: str, axis: str, points: int = CURVE_POINTS):
     mine = [ev.curves[i] for i in ev.by_arm[arm]]
     top = min(c.last(axis) for c in mine)
     xs, ms, lo, hi = [], [], [], []
-    for b in np.linspace(0.0, top, points):
+    marks = [{m for m in c.milestones if m is not None} for c in mine]
+    # evaluated at milestones: the points are the milestones every run has (no line drawn inside a round)
+    grid = sorted(set.intersection(*marks)) if axis == "tokens" and all(marks) else np.linspace(0.0, top, points)
+    for b in grid:
         x = arm_at(mine, axis, float(b))
         if x is None:
             continue
