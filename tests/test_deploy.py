@@ -112,7 +112,10 @@ def test_serve_deploys_runs_a_curriculum_and_stops_clean(tmp_path, serve_env, mo
             defs = form["definitions"] if "definitions" in form else form["$defs"]
             rollout = defs["RolloutConfig"]["properties"]
             assert rollout["group_size"]["minimum"] == 2 and rollout["group_size"]["description"]
-            assert defs["SelectConfig"]["properties"]["selector"]["enum"] == ["kmeans", "uniform", "dapo_filter", "all"]
+            from tasks.select import SELECTORS  # the registered selectors (tasks/selectors/), as the config offers them
+
+            assert defs["SelectConfig"]["properties"]["selector"]["enum"] == list(SELECTORS)
+            assert {"kmeans", "uniform", "dapo_filter", "all", "thompson"} <= set(SELECTORS)
             rescore = client.read_deployment_by_name("rescore/rescore")  # nightly, from prefect.yaml
             crons = [s.schedule.cron for s in rescore.schedules if s.active and isinstance(s.schedule, CronSchedule)]
             assert crons == ["0 3 * * *"]

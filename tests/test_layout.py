@@ -184,3 +184,12 @@ def test_no_core_module_imports_the_transformers_backend():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             offenders += [f"{f.name}: {n}" for n in names if n == "models.hf" or n.startswith("models.hf.")]
     assert not offenders, "core modules importing the transformers backend: " + "; ".join(offenders)
+
+
+def test_paths_computed_from_a_module_s_place_still_name_the_repository():
+    """A move changes `Path(__file__).parents[n]`: serve's prefect.yaml and provenance's git tree must stay the
+    repository's (a move of serve.py into flows/server/ once pointed `prefect deploy` at flows/)."""
+    from flows.server.serve import REPO as SERVE_REPO
+    from storage.provenance import REPO as PROVENANCE_REPO
+
+    assert SERVE_REPO == PROVENANCE_REPO == ROOT and (SERVE_REPO / "prefect.yaml").is_file()

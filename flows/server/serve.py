@@ -37,7 +37,7 @@ from flows.server.prefect_home import prefect_home  # one rule for every command
 from flows.server.sessions import Child
 from models.threads import default_concurrency
 
-REPO = Path(__file__).resolve().parents[1]  # the folder holding prefect.yaml
+REPO = Path(__file__).resolve().parents[2]  # the folder holding prefect.yaml
 HOST = "127.0.0.1"
 POOL = "refinery-process"
 
