@@ -64,11 +64,10 @@ class Thompson(Selector):
         counts, g = run_history(view)
         ids = candidates.ids
         known = set(ids) | set(counts["prompt_id"].to_list())
-        rows = (prompts(view.store, "source", "params", "meta", "transform", "root_id", "answer")
-                .filter(pl.col("prompt_id").is_in(list(known))).collect())
-        roots = prompts(view.store, "source", "params", "meta", "transform", "root_id", "answer") \
-            .filter(pl.col("prompt_id").is_in(rows["root_id"].drop_nulls().to_list())).collect()
-        bins = prompt_bins(pl.concat([rows, roots]).unique("prompt_id", keep="first"))
+        table = prompts(view.store, "source", "params", "meta", "transform", "root_id", "answer").collect()  # once
+        rows = table.filter(pl.col("prompt_id").is_in(list(known)))
+        wanted = pl.col("prompt_id").is_in(list(known)) | pl.col("prompt_id").is_in(rows["root_id"].drop_nulls().to_list())
+        bins = prompt_bins(table.filter(wanted))  # the known prompts and their roots (a child's difficulty)
         post = (pl.DataFrame({"prompt_id": ids}).join(posterior(bins, counts, PRIOR_STRENGTH), on="prompt_id",
                                                       how="left", maintain_order="left"))
         x = candidates.x
