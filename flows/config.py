@@ -193,4 +193,13 @@ def field_path(loc: tuple) -> str:
 def validation_problems(e: ValidationError) -> str:
     """Every error of `e` on one line, each naming its field."""
     return "; ".join((f"{field_path(err['loc'])}: " if err["loc"] else "") + err["msg"].removeprefix("Value error, ")
-                     for err in e.errors())
+                     + _got(err) for err in e.errors())
+
+
+def _got(err: dict) -> str:
+    """`, got 'x'` for a rejected scalar (a misspelt choice is then visible in the line), else nothing."""
+    value = err.get("input")
+    if err["type"] in ("missing", "extra_forbidden") or not isinstance(value, str | int | float | bool):
+        return ""
+    shown = repr(value)
+    return f", got {shown}" if len(shown) <= 60 and "got" not in err["msg"] else ""

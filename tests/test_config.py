@@ -68,7 +68,8 @@ def test_refinery_run_rejects_a_bad_config_before_any_work(tmp_path, capsys):
     store = tmp_path / "store"
     assert main(["run", "--store", str(store), "--set", "rollout.group_size=1", "--set", "select.selector=magic"]) == 1
     err = capsys.readouterr().err
-    assert "rollout.group_size: Input should be greater than or equal to 2" in err and "select.selector" in err
+    assert "rollout.group_size: Input should be greater than or equal to 2, got 1" in err
+    assert "select.selector: Input should be " in err and ", got 'magic'" in err  # the misspelt value is named
     assert not store.exists()  # nothing left: no store, no Prefect home (an early server was killed)
 
 

@@ -94,7 +94,8 @@ def test_the_config_offers_the_registered_selectors_and_refuses_others_in_one_li
 
     with pytest.raises(ValueError) as refused:  # this process registered no top_eps
         load_config(sets=["select.selector=top_eps"])
-    offered = str(refused.value).split("select.selector: Input should be ")[1]
+    offered, got = str(refused.value).split("select.selector: Input should be ")[1].split(", got ")
+    assert got == "'top_eps'"  # the line names what was refused
     assert "top_eps" not in offered and all(f"'{name}'" in offered for name in REGISTRY)
 
 
