@@ -44,7 +44,7 @@ def main() -> None:
     from models.threads import claim
     from storage.rounds import this_round
     from storage.store import Store
-    from tasks.core.grpo import TrainConfig, train_round
+    from tasks.core.grpo import TrainConfig, TrainPlan, train_round
     from tasks.train import load_trainable, rollout_sequences
 
     claim()
@@ -63,8 +63,8 @@ def main() -> None:
     def run(on: bool, rows) -> tuple[float, list[float]]:
         model = copy.deepcopy(base)
         t0 = time.perf_counter()
-        out = train_round(model, None, rows, [], cfg, tok.pad_token_id, "cpu", "auto", seed=0,
-                          temperature=rollout_cfg.temperature, reference_is_policy=True, first_step_on_policy=on)
+        out = train_round(model, None, rows, [], cfg, TrainPlan(rollout_cfg.temperature, tok.pad_token_id, "cpu", "auto",
+                                                           reference_is_policy=True, first_step_on_policy=on))
         return time.perf_counter() - t0, [r["loss"] for r in out]
 
     run(True, seqs[:64])  # warm-up: oneDNN's primitives, the allocator's first growth

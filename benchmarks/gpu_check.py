@@ -38,7 +38,7 @@ import torch  # noqa: E402
 from models.backend import Sampling  # noqa: E402
 from models.hf.backend import TransformersBackend  # noqa: E402
 from tasks.core.advantages import group_advantages
-from tasks.core.grpo import Sequence, TrainConfig, train_round  # noqa: E402
+from tasks.core.grpo import Sequence, TrainConfig, TrainPlan, train_round  # noqa: E402
 from tasks.core.mcmc import Trace, shape_traces  # noqa: E402
 
 DEV = "cuda"
@@ -85,7 +85,7 @@ def check_correctness(tiny: str) -> dict:
         ref = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).to(DEV).eval()
 
         def update(seqs, it, b=b, ref=ref):
-            train_round(b.model, ref, seqs, [], FIXED_TOKEN_TRAIN, b.pad_id, DEV, "fp32", seed=it, temperature=0.3)
+            train_round(b.model, ref, seqs, [], FIXED_TOKEN_TRAIN, TrainPlan(0.3, b.pad_id, DEV, "fp32", seed=it))
 
         shares = fixed_token_shares(b.generate_ids, update, token_prompts(b), rewarded=sign)
         out["grpo_fixed_token_share_" + ("rewarded" if sign else "penalised")] = shares
@@ -226,7 +226,7 @@ def check_speed(config_dir: str, tiny: str) -> dict:
         m = copy.deepcopy(base)
         sync()
         t0 = time.perf_counter()
-        rows = train_round(m, ref, seqs, [], cfg, b.pad_id, DEV, "bf16", seed=rep, temperature=0.7)
+        rows = train_round(m, ref, seqs, [], cfg, TrainPlan(0.7, b.pad_id, DEV, "bf16", seed=rep))
         sync()
         round_times.append(time.perf_counter() - t0)
         step_times.append(rows[0]["seconds"])

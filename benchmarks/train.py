@@ -43,7 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from models.registry import resolve  # noqa: E402
-from tasks.core.grpo import Sequence, TrainConfig, train_round  # noqa: E402
+from tasks.core.grpo import Sequence, TrainConfig, TrainPlan, train_round  # noqa: E402
 
 
 def batch(tok, rows: int, comp_tokens: int) -> list[Sequence]:
@@ -156,8 +156,8 @@ def main() -> None:
         del m
         m = copy.deepcopy(base)
         t0 = time.perf_counter()
-        rows = train_round(m, ref, seqs, [], cfg, pad, seed=rep, temperature=0.7,  # rollout.temperature's default
-                           first_step_on_policy=False)  # one step here: keep its old pass (see the docstring)
+        rows = train_round(m, ref, seqs, [], cfg, TrainPlan(0.7, pad, seed=rep,  # rollout.temperature's default
+                                                            first_step_on_policy=False))  # one step: keep its old pass
         times["ours_round"].append(time.perf_counter() - t0)
         times["ours_step"].append(rows[0]["seconds"])
         del m
@@ -193,8 +193,8 @@ def prefix_comparison(a, tok, base, ref, pad) -> dict:
         for name, shared in (("unshared", False), ("shared", True)):
             m = copy.deepcopy(base)
             t0 = time.perf_counter()
-            rows = train_round(m, ref, seqs, [], cfg.model_copy(update={"shared_prefix": shared}), pad, seed=rep,
-                               temperature=0.7, first_step_on_policy=False)
+            rows = train_round(m, ref, seqs, [], cfg.model_copy(update={"shared_prefix": shared}),
+                               TrainPlan(0.7, pad, seed=rep, first_step_on_policy=False))
             times[name].append(time.perf_counter() - t0)
             times[f"{name}_step"].append(rows[0]["seconds"])
             del m

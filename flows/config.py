@@ -26,6 +26,7 @@ from tasks.sampling.rollouts import RolloutConfig
 from tasks.score import UtilityConfig
 from tasks.select import SelectConfig
 from tasks.shape import ShapeConfig
+from tasks.strategies.teacher_calls import TeacherConfig
 
 RUN_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"  # a run id names folders: no separators, no leading dot
 
@@ -49,6 +50,8 @@ class RunConfig(Section):
     select: SelectConfig = Field(default_factory=SelectConfig, description="which prompts each round collects for")
     refine: RefineConfig = Field(default_factory=RefineConfig, description="children of too-hard, flat and "
                                  "saturated prompts, behind the validity gate")
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig, description="the teacher refine and shape ask, "
+                                   "and how it is reached")
     shape: ShapeConfig = Field(default_factory=ShapeConfig, description="MCMC shaping of off-policy traces")
     train: TrainConfig = Field(default_factory=TrainConfig, description="the GRPO update of each round")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="held-out pass@1 / pass@k of each checkpoint")
@@ -111,7 +114,8 @@ def stored_base(stored: dict, model: type[Section] | None = None, prefix: str = 
     this version no longer has (dropped: the code cannot honour them; the resume records them). Fields added
     since are absent from it, so they take today's defaults, except where a section's `absent_means` says what
     a config stored without them ran with (eval.decoding: 'sampled')."""
-    model = model or RunConfig
+    if model is None:
+        model, stored = RunConfig, renamed(stored)
     tree, gone = {k: v for k, v in getattr(model, "absent_means", {}).items() if k not in stored}, []
     for key, value in stored.items():
         info = model.model_fields.get(key)
@@ -125,6 +129,37 @@ def stored_base(stored: dict, model: type[Section] | None = None, prefix: str = 
         else:
             tree[key] = value
     return tree, gone
+
+
+def renames() -> dict[str, str]:
+    """{old dotted path: new dotted path} of every field moved since, from each section's `renamed_from`
+    (refine.teacher -> teacher.model, ...)."""
+    out = {}
+    for name, info in RunConfig.model_fields.items():
+        for field, old in getattr(info.annotation, "renamed_from", {}).items():
+            out[old] = f"{name}.{field}"
+    return out
+
+
+def renamed(tree: dict) -> dict:
+    """`tree` (a stored config, or a TOML file) with each moved field at its new path: a run started before a
+    move resumes with its own values, and an old config file still reads. One tree holding both paths with
+    different values is an error naming them. (`--set` keys are moved one by one: `load_config`.)"""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in tree.items()}  # sections copied, not mutated
+    for old, new in renames().items():
+        (old_section, old_key), (new_section, new_key) = old.split("."), new.split(".")
+        section = out.get(old_section)
+        if not isinstance(section, dict) or old_key not in section:
+            continue
+        value = section.pop(old_key)
+        target = out.setdefault(new_section, {})
+        if not isinstance(target, dict):
+            raise ValueError(f"{new_section}: expected a section (it holds {old})")
+        if new_key in target and target[new_key] != value:
+            raise ValueError(f"{old} ({value!r}) and {new} ({target[new_key]!r}) both given: {old} is now {new}; "
+                             f"give {new} only")
+        target.setdefault(new_key, value)
+    return out
 
 
 def resumed_config(store_uri: str, run_id: str | None) -> dict | None:
@@ -167,10 +202,13 @@ def load_config(path: str | None = None, sets: list[str] = (), stored: dict | No
             raise ValueError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
         except tomllib.TOMLDecodeError as e:
             raise ValueError(f"config file {path!r}: {e}") from None
+        tree = renamed(tree)  # old keys (refine.teacher, ...) read as their new ones, silently
+    moved = renames()
     for item in sets:
         if "=" not in item:
             raise ValueError(f"--set {item!r}: expected section.key=value")
-        _set(tree, *item.split("=", 1))
+        dotted, raw = item.split("=", 1)
+        _set(tree, moved.get(dotted, dotted), raw)  # an old key sets its new one: a later --set still wins
     tree.update({k: v for k, v in overrides.items() if v is not None})
     if stored is not None:
         tree = _merge(stored_base(stored)[0], tree)

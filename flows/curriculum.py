@@ -15,7 +15,8 @@ Choices, and why:
 - Each round ends with the report stage (plots and an HTML page under <store>/_reports/run_id=<run>/, redrawn
   from the store) and publishes Prefect artifacts: a keyed table per round and a markdown summary.
 - `max_generated_tokens` (a token budget, for comparisons at equal compute): before each round the flow sums
-  the run's `generated_tokens` of the earlier rounds (evaluation excluded) and stops once they reach it; the
+  the run's `generated_tokens` of the earlier rounds (evaluation excluded: tasks/reporting/budget.py, the sum
+  the end-of-run summary prints too) and stops once they reach it; the
   round that crosses the budget runs to its end, so a run overshoots by less than one round. The run is then
   `completed` with the reason in `runs.reason`; raising the budget (or `rounds`) and resuming continues.
 - Selection (k-means over prompt embeddings, weighted by last round's EPS) picks each round's batch from
@@ -27,14 +28,12 @@ from __future__ import annotations
 import logging
 import time
 
-import polars as pl
 from prefect import flow
 
 from flows.cli.errors import reason as failure_reason
 from flows.config import RunConfig, placed, stored_base
 from flows.preflight import validate_for_run
 from models.checkpoints import policy_for_round
-from storage.query import scan
 from storage.runs import mark, run_lock, stored_config
 from storage.store import Store
 from tasks.collect import collect_task
@@ -43,6 +42,7 @@ from tasks.govern import govern_task, held_sections
 from tasks.pool import pool_task
 from tasks.refine import refine_task
 from tasks.report import publish_round_artifacts, report_task
+from tasks.reporting.budget import spent_tokens
 from tasks.score import score_task
 from tasks.select import select_task
 from tasks.selectors import selector
@@ -61,8 +61,7 @@ progress = logging.getLogger("refinery.progress")
 # micro_batch, micro_tokens, lean_activations and grads_in_place only how the same loss is computed and split
 # into passes (equal to float tolerance). A change is recorded on the resumed row.
 _RESUMABLE = {"rounds", "max_generated_tokens", "run_id", "store", "model.batch_size", "model.kv_cache_gib",
-              "refine.teacher", "refine.teacher_timeout_s",
-              "refine.teacher_retries", "refine.teacher_backoff_s", "refine.teacher_concurrency",
+              "teacher.model", "teacher.timeout_s", "teacher.retries", "teacher.backoff_s", "teacher.concurrency",
               "train.shared_prefix", "train.micro_batch", "train.micro_tokens", "train.lean_activations",
               "train.grads_in_place",
               # where generation runs does not change the rows (keyed sampling, models/sharded.py)
@@ -99,7 +98,7 @@ def _before(previous: dict) -> tuple[dict, list[str]]:
 def check_resume(config: RunConfig, previous: dict) -> str | None:
     """Refuse resuming with a changed field that decides landed data (naming it); for changed fields in
     _RESUMABLE, and stored fields this version no longer has (dropped: nothing can honour them), return the
-    line recorded on the resumed row ("resumed with changed refine.teacher: a -> b")."""
+    line recorded on the resumed row ("resumed with changed teacher.model: a -> b")."""
     before, gone = _before(previous)
     now = _leaves(config.model_dump(mode="json"))
     changed = sorted(k for k in now.keys() | before.keys() if now.get(k) != before.get(k))
@@ -165,7 +164,7 @@ def _rounds(config: RunConfig, store: Store) -> dict:
     try:
         base = config.model.policy
         for r in range(config.rounds):
-            spent = generated_tokens(store, config.run_id, before_round=r)
+            spent = spent_tokens(store, config.run_id, before_round=r)
             if config.max_generated_tokens is not None and spent >= config.max_generated_tokens:
                 budget = (f"token budget reached: {spent} generated tokens in rounds 0-{r - 1} >= "
                           f"max_generated_tokens {config.max_generated_tokens}; stopped before round {r}")
@@ -188,14 +187,14 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             finished(stages, collect_task(ctx, held["rollout"], config.reward, config.select, selecting))
             finished(stages, score_task(ctx, config.utility))
             if config.refine.strategies and r + 1 < config.rounds:  # children of the last round would never run
-                finished(stages, refine_task(ctx, held["refine"]))
+                finished(stages, refine_task(ctx, held["refine"], config.teacher))
             if config.shape.enabled:
-                finished(stages, shape_task(ctx, held["shape"], config.rollout, config.reward, config.refine))
+                finished(stages, shape_task(ctx, held["shape"], config.rollout, config.reward, config.teacher))
             if config.train.enabled:
                 finished(stages, train_task(ctx, config.train, config.rollout))
             if config.eval.enabled:
                 finished(stages, *evaluation(store, config, ctx, spent))
-            finished(stages, report_task(store.uri, config.run_id, r))
+            finished(stages, report_task(ctx))
             publish_round_artifacts(store, config.run_id, r, stages[first:])
     except BaseException as e:
         mark(store, config.run_id, "failed", config.model_dump(mode="json"), reason=failure_reason(e))
@@ -209,7 +208,7 @@ def evaluation(store: Store, config: RunConfig, ctx: RoundContext, spent: int) -
     """The round's evaluate stage, if it is due (tasks/evaluate.py `due`: every round, or a milestone the round
     reached, or the run's end; round 0 always scores the base model, milestone 0): its summary, or nothing."""
     r, base = ctx.round, config.model.policy
-    after = generated_tokens(store, config.run_id, before_round=r + 1)
+    after = spent_tokens(store, config.run_id, before_round=r + 1)
     last = r + 1 == config.rounds or (config.max_generated_tokens is not None
                                       and after >= config.max_generated_tokens)
     now, mark = due(config.eval, spent, after, last)
@@ -239,10 +238,3 @@ def _finished(stages: list[dict], summary: dict) -> None:
     else:
         progress.info("%s done in %.1f s", where, (summary.get("timing") or {}).get("compute_s") or 0.0)
 
-
-def generated_tokens(store: Store, run_id: str, before_round: int) -> int:
-    """The run's generated tokens in rounds before `before_round`, evaluation excluded (generated_tokens)."""
-    rows = (scan(store, "generated_tokens")
-            .filter((pl.col("run_id") == run_id) & (pl.col("round") < before_round) & (pl.col("purpose") != "eval"))
-            .select(pl.col("tokens").sum()).collect())
-    return int(rows.item() or 0)

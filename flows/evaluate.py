@@ -2,9 +2,11 @@
 
 It reuses the run's stored config (held-out split, decoding, verifier), so the numbers are comparable with
 the curriculum flow's own evaluations (its `evals` rows leave milestone and generated_tokens null). The result
-lands in `evals` as stage `eval-v<version>` of the checkpoint's round. A version whose held-out numbers have landed already (the curriculum's own evaluation of
-it, stage `evaluate`, or an earlier `eval`) reports those numbers instead of resampling: the same config and
-seeds would draw the same samples, and a second identical row would count twice in SQL over `evals`.
+lands in `evals` as stage `eval-v<version>` of the checkpoint's round, through the evaluate stage
+(tasks/evaluate.py `evaluate_task` with a split), which skips a landed one. A version whose held-out numbers
+have landed already (the curriculum's own evaluation of it, stage `evaluate`, or an earlier `eval`) reports
+those numbers instead of resampling: the same config and seeds would draw the same samples, and a second
+identical row would count twice in SQL over `evals`.
 
 `dataset` (a .jsonl or .parquet prompt file, the ingest schema: question, answer, optional id, solution, meta)
 evaluates on that file instead of the held-out split, for sets the run never saw (data/external holds one).
@@ -133,7 +135,7 @@ def eval_target(s: Store, run_id: str | None, checkpoint: int | None, dataset: s
     be empty, or a valid file whose name has no other file's results in the run). Each refusal is a
     one-line ValueError. `refinery eval` calls it before Prefect's server is up, the flow again (a UI run)."""
     from storage.checkpoints import checkpoint_versions
-    from tasks.evaluate import heldout_prompts
+    from tasks.evaluate import checkpoint_stage, heldout_prompts
 
     run_id = run_id or latest_run(s)
     config = run_config(s, run_id, "evaluate")
@@ -151,11 +153,13 @@ def eval_target(s: Store, run_id: str | None, checkpoint: int | None, dataset: s
         if heldout.height == 0:
             raise ValueError(f"run {run_id} has no held-out prompts (eval.heldout_fraction was 0, or the run "
                              "predates held-out splits)")
-        return EvalTarget(run_id, config, row.row(0, named=True), f"eval-v{checkpoint}", "heldout", heldout, None)
-    name, content, prompts, rows = dataset_prompts(dataset, dataset_name)
+        return EvalTarget(run_id, config, row.row(0, named=True), checkpoint_stage(checkpoint, "heldout"), "heldout",
+                          heldout, None)
+    name, _, prompts, rows = dataset_prompts(dataset, dataset_name)
     refuse_other_file(s, [run_id], name, set(prompts["prompt_id"]), "pass another --dataset-name")
-    return EvalTarget(run_id, config, row.row(0, named=True), f"eval-v{checkpoint}-{name}-{content}",
-                      f"dataset:{name}", prompts, rows)
+    split = f"dataset:{name}"
+    return EvalTarget(run_id, config, row.row(0, named=True), checkpoint_stage(checkpoint, split, prompts), split,
+                      prompts, rows)
 
 
 @flow(name="evaluate", validate_parameters=True)
@@ -163,32 +167,22 @@ def evaluate(run_id: str | None = None, checkpoint: int | None = None, store: st
              dataset: str | None = None, dataset_name: str | None = None) -> dict:
     """Evaluate checkpoint `checkpoint` (a policy_version; default the newest) of run `run_id` (default the
     newest run `refinery run` made) on the run's held-out split, or on the prompt file `dataset` (split `dataset:<name>`)."""
-    from tasks.evaluate import evaluate_versions, landed_heldout
-    from tasks.stage import RoundContext, skipped
+    from tasks.evaluate import evaluate_task
+    from tasks.stage import RoundContext
 
     s = Store(store or default_root())
     target = eval_target(s, run_id, checkpoint, dataset, dataset_name)
-    run_id, config, r, stage, split = target.run_id, target.config, target.checkpoint_row, target.stage, target.split
-    checkpoint, prompts = r["policy_version"], target.prompts
+    run_id, config, r, split = target.run_id, target.config, target.checkpoint_row, target.split
+    checkpoint = r["policy_version"]
     if target.rows is not None:
         from tasks.ingest import commit_prompts
 
         commit_prompts(s, target.rows)  # only now: a refused file lands nothing
-    mine = (pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint)
-    if s.landed(run_id, r["round"], stage):
-        out = skipped(stage, r["round"])
-    elif split == "heldout" and landed_heldout(s, run_id, [checkpoint]):
-        out = {"stage": stage, "round": r["round"], "skipped": "held-out numbers landed already"}
-    else:
-        ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,
-                           base=config.model.policy, rounds=config.rounds, model=config.model, scale=config.scale)
-        from models.checkpoints import local_copy
-        from models.threads import claim
-
-        claim()  # this process's share of the cores (models/threads.py)
-        out = evaluate_versions(s, ctx, [(checkpoint, local_copy(s, r["path"]))], config.eval, config.rollout,
-                                config.reward,
-                                stage=stage, prompts=prompts, split=split)
-    landed = scan(s, "evals").filter(mine).sort("round", "split").collect()
+    ctx = RoundContext(store=s.uri, run_id=run_id, round=r["round"], policy_version=checkpoint,
+                       base=config.model.policy, rounds=config.rounds, model=config.model, scale=config.scale)
+    # the stage (tasks/evaluate.py) skips a landed eval-v<N>, and reports held-out numbers that landed already
+    out = evaluate_task(ctx, [(checkpoint, r["path"])], config.eval, config.rollout, config.reward, split=split,
+                        prompts=None if split == "heldout" else target.prompts)
+    landed = scan(s, "evals").filter((pl.col("run_id") == run_id) & (pl.col("policy_version") == checkpoint))
     return {"run_id": run_id, "policy_version": checkpoint, "stage": out, "split": split,
-            "evals": landed.to_dicts()}
+            "evals": landed.sort("round", "split").collect().to_dicts()}

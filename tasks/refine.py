@@ -23,9 +23,11 @@ Choices, and why:
   all; a teacher call takes its slot when proposed. A child already in this run's pool is rejected as
   `duplicate`; one another run made is reused as it is (tasks/strategies/ledger.py).
 - A teacher call that fails falls back per prompt ("teacher unavailable: <why>" in the row's reason) and the
-  round goes on; it is not cached, so a later run asks again. With teacher = 'policy', teacher_scaffold is
-  skipped unless `scaffolds_from_policy` is set: a 135M policy's rewrites of its own failures were never valid
-  questions (0 of 20).
+  round goes on; it is not cached, so a later run asks again. The teacher and how it is asked are the [teacher]
+  section (tasks/strategies/teacher_calls.py `TeacherConfig`, shared with shape); what refine asks of it
+  (attempts shown, distractors, scaffolds from the policy) stays here. With teacher.model = 'policy',
+  teacher_scaffold is skipped unless `scaffolds_from_policy` is set: a 135M policy's rewrites of its own
+  failures were never valid questions (0 of 20).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from tasks.strategies.gate import (
     mean_logprobs,
 )
 from tasks.strategies.ledger import Ledger
-from tasks.strategies.teacher_calls import Teacher, ask_teacher, teacher_cache
+from tasks.strategies.teacher_calls import Teacher, TeacherConfig, ask_teacher, teacher_cache
 
 StrategyName = Literal["ladder", "hint_prefix", "teacher_scaffold", "harden"]  # in routing order
 
@@ -73,22 +75,11 @@ class RefineConfig(Section):
                                  "promotion of a hint child lowers it by hint_anneal_step, down to the open question")
     hint_anneal_step: float = Field(0.1, gt=0.0, lt=1.0, description="how much less of the solution a promoted "
                                     "hint child reveals (below 0.05 left: the open question)")
-    teacher: str = Field("policy", description="'policy', `openai:<base url>#<model>`, or a model spec")
-    teacher_max_new_tokens: int = Field(128, ge=8, le=4096, description="longest teacher answer, in tokens")
-    teacher_temperature: float = Field(0.7, ge=0.0, le=2.0, description="the teacher's sampling temperature")
     teacher_attempts: int = Field(4, ge=0, le=64, description="teacher_scaffold: how many of the student's own "
                                   "rollouts (with their rewards) the teacher is shown")
     teacher_distractors: bool = Field(True, description="ask the teacher for multiple-choice distractors "
                                       "(programmatic ones fill the rest)")
-    teacher_timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="openai teacher: seconds to connect and "
-                                     "to wait for each reply's bytes, per request; also caps a 429's Retry-After")
-    teacher_retries: int = Field(3, ge=0, le=20, description="openai teacher: retries of a request after a "
-                                 "connection error, timeout, 429 or 5xx; then that prompt falls back "
-                                 "('teacher unavailable: ...' in refinements) and the round goes on")
-    teacher_backoff_s: float = Field(1.0, ge=0.0, le=600.0, description="openai teacher: wait before the first "
-                                     "retry, doubled for each next one (a 429's Retry-After replaces it)")
-    teacher_concurrency: int = Field(4, ge=1, le=256, description="openai teacher: requests in flight at once")
-    scaffolds_from_policy: bool = Field(False, description="with teacher = 'policy', let the policy write "
+    scaffolds_from_policy: bool = Field(False, description="with teacher.model = 'policy', let the policy write "
                                         "teacher_scaffold rewrites too (off: SmolLM2-135M wrote 0 valid ones in "
                                         "20; configure a stronger teacher instead); distractors are still asked")
     gate_min_chars: int = Field(8, ge=0, le=1_000_000, description="a child's text has at least this many "
@@ -105,10 +96,10 @@ class RefineConfig(Section):
                                          "under the base policy (version 0) is at most this many nats below its "
                                          "parent's, else 'not language'")
 
-    def scaffolds_run(self) -> bool:
-        """Do teacher_scaffold rewrites run? They are on, and the teacher is not the policy unless
-        scaffolds_from_policy is set (a small policy's rewrites of its own failures are noise)."""
-        return "teacher_scaffold" in self.strategies and (self.teacher != "policy" or self.scaffolds_from_policy)
+    def scaffolds_run(self, teacher: TeacherConfig) -> bool:
+        """Do teacher_scaffold rewrites run with this teacher? They are on, and the teacher is not the policy
+        unless scaffolds_from_policy is set (a small policy's rewrites of its own failures are noise)."""
+        return "teacher_scaffold" in self.strategies and (not teacher.is_policy or self.scaffolds_from_policy)
 
     def rewrite_gate(self, logprobs: Callable[[list[str]], list[float]] | None) -> RewriteGate:
         return RewriteGate(RewriteBounds(min_similarity=self.gate_min_similarity,
@@ -149,10 +140,12 @@ class Waiting:
 
 
 def refine(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher: Teacher | None,
-           logprobs: Callable[[list[str]], list[float]] | None = None) -> dict:
-    """The refine stage of ctx's round with this teacher (None: none): reads the round's scores, lands children
-    and refinements. `logprobs`: mean token log-probs of texts under the reference model, for the rewrite gate's
-    fluency check (None skips that check; the model-free checks and the topic check still run)."""
+           logprobs: Callable[[list[str]], list[float]] | None = None,
+           asking: TeacherConfig | None = None) -> dict:
+    """The refine stage of ctx's round with this teacher (None: none), asked as `asking` says (its answer length
+    and temperature; default: the [teacher] defaults): reads the round's scores, lands children and refinements.
+    `logprobs`: mean token log-probs of texts under the reference model, for the rewrite gate's fluency check
+    (None skips that check; the model-free checks and the topic check still run)."""
     if store.landed(ctx.run_id, ctx.round, "refine"):
         return skipped("refine", ctx.round)
     scores = ctx.rows(store, "prompt_scores").select("prompt_id", "bucket", "mean_reward").collect()
@@ -171,7 +164,7 @@ def refine(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher: Teacher 
     ledger = Ledger(cfg.max_per_strategy, cfg.max_children, set(by_id), in_pool)
 
     waiting = offer(parents, view, ledger)
-    fresh, unavailable = answer(store, view, waiting, cfg)
+    fresh, unavailable = answer(store, view, waiting, asking or TeacherConfig())
     fault_point("refine:mid")  # test hook: a fault test kills the process here, teacher calls landed, refine not
     judge_rewrites(waiting, cfg.rewrite_gate(logprobs))
     for w in sorted(waiting, key=lambda w: w.position):  # each strategy's in turn, in the order proposed
@@ -202,7 +195,7 @@ def offer(parents: list[Parent], view: RoundView, ledger: Ledger) -> list[Waitin
     return waiting
 
 
-def answer(store: Store, view: RoundView, waiting: list[Waiting], cfg: RefineConfig) -> tuple[set[str], set[str]]:
+def answer(store: Store, view: RoundView, waiting: list[Waiting], asking: TeacherConfig) -> tuple[set[str], set[str]]:
     """Ask the teacher every call the waiting proposals need (the store answers those asked before), and make
     each proposal from its answer. Returns (keys answered now, parent ids some call of which failed)."""
     asks = [w for w in waiting if w.proposal.ask is not None]
@@ -213,8 +206,7 @@ def answer(store: Store, view: RoundView, waiting: list[Waiting], cfg: RefineCon
         raise ValueError(f"strategy {asks[0].slot!r} asked the teacher, but none is loaded: its wants_teacher must "
                          "say so")
     cache = teacher_cache(store)
-    fresh, failed = ask_teacher(store, view.teacher, payloads, cache, cfg.teacher_max_new_tokens,
-                                cfg.teacher_temperature)
+    fresh, failed = ask_teacher(store, view.teacher, payloads, cache, asking.max_new_tokens, asking.temperature)
     unavailable: set[str] = set()
     for w in asks:
         ask = w.proposal.ask
@@ -237,19 +229,20 @@ def judge_rewrites(waiting: list[Waiting], gate: RewriteGate) -> None:
 
 
 @stage("refine")
-def refine_task(ctx: RoundContext, store: Store, cfg: RefineConfig) -> dict:
-    """The refine stage as the flow runs it: loads the teacher if an enabled strategy asks one, and the run's
-    base policy as the rewrite gate's reference model (only if a rewrite gets that far)."""
-    self_taught = "teacher_scaffold" in cfg.strategies and not cfg.scaffolds_run()
+def refine_task(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher_cfg: TeacherConfig) -> dict:
+    """The refine stage as the flow runs it: loads the teacher (`teacher_cfg`, the [teacher] section) if an
+    enabled strategy asks one, and the run's base policy as the rewrite gate's reference model (only if a
+    rewrite gets that far)."""
+    self_taught = "teacher_scaffold" in cfg.strategies and not cfg.scaffolds_run(teacher_cfg)
     if self_taught:  # skipped until a teacher other than the policy is set
         cfg = cfg.model_copy(update={"strategies": [s for s in cfg.strategies if s != "teacher_scaffold"]})
     wanted = any(strategy(name).wants_teacher(cfg) for name in cfg.strategies)
-    teacher = load_teacher(cfg.teacher, ctx.model, cfg) if wanted else None
+    teacher = load_teacher(teacher_cfg.model, ctx.model, teacher_cfg) if wanted else None
     reference = ctx.model.model_copy(update={"policy": reference_policy(store, ctx.run_id, ctx.policy),
                                              "backend": "transformers"})
-    out = refine(ctx, store, cfg, teacher, logprobs=partial(reference_logprobs, reference))
+    out = refine(ctx, store, cfg, teacher, logprobs=partial(reference_logprobs, reference), asking=teacher_cfg)
     if self_taught:
-        out["teacher_scaffold"] = ("off: the teacher is the policy (set refine.teacher, or "
+        out["teacher_scaffold"] = ("off: the teacher is the policy (set teacher.model, or "
                                    "refine.scaffolds_from_policy = true)")
     return out
 

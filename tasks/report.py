@@ -1,7 +1,8 @@
 """The Prefect side of reporting: the `report` stage task and each round's Prefect artifacts.
 
 - `report_task` redraws the run's report folder (tasks/reporting/page.py: PNG plots from tasks/reporting/plots.py and
-  index.html) at the end of every round, and returns where it is.
+  index.html) at the end of every round, and returns where it is. It is a stage (tasks/stage.py) that commits
+  nothing, so it never counts as landed: a resumed round redraws it, and the page shows the run so far.
 - `publish_round_artifacts`, inside a Prefect flow or task run, publishes round r's keyed table
   (`<run>-round-<r>`: buckets, EPS quantiles, selection per cluster, training, evaluation) and a markdown
   summary (`<run>-summary`, one version per round) of the round's stages and numbers; outside one it does
@@ -20,8 +21,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-
 from storage.schemas import TABLES
 from storage.store import Store
 from tasks.core.ids import TAG_HEX, digest
@@ -29,7 +28,9 @@ from tasks.interop.export_run import in_store
 from tasks.reporting import page as report_page
 from tasks.reporting.page import MARKER, report_dir, run_frames
 from tasks.reporting.plots import BUCKETS, PLOTS, score_summary, train_summary
-from tasks.reporting.progress import in_prefect_run, sig4, timed
+from tasks.reporting.progress import in_prefect_run, sig4
+from tasks.reporting.summary import stage_lines
+from tasks.stage import RoundContext, stage
 
 __all__ = ["BUCKETS", "MARKER", "PLOTS", "publish_round_artifacts", "report_dir", "report_task", "round_markdown",
            "round_table", "run_frames", "slug", "write_report"]
@@ -51,13 +52,12 @@ def write_report(store: Store, run_id: str, out_dir: str | Path | None = None) -
     return report_page.write_report(store, run_id, out_dir)
 
 
-@task(name="report")
-@timed
-def report_task(store_uri: str, run_id: str, round: int | None = None) -> dict:
+@stage("report")
+def report_task(ctx: RoundContext, store: Store) -> dict:
     """Redraw the run's report from the store (the flow calls it at the end of every round)."""
-    folder = write_report(Store(store_uri), run_id)
+    folder = write_report(store, ctx.run_id)
     plots = json.loads((folder / MARKER).read_text())["plots"]
-    return {"stage": "report", "round": round, "path": str(folder / "index.html"), "plots": plots}
+    return {"path": str(folder / "index.html"), "plots": plots}
 
 
 # ---- Prefect artifacts of one round ---------------------------------------------------------------------------
@@ -106,22 +106,8 @@ def round_table(store: Store, run_id: str, round: int) -> list[dict]:
 
 
 def _headline(stage: dict) -> str:
-    name = str(stage.get("stage", "?"))
-    if "skipped" in stage:
-        why = stage.get("skipped")
-        return f"- **{name}**: skipped" + (f" ({why})" if isinstance(why, str) else "")
-    parts = []
-    for k, v in stage.items():
-        if k in ("stage", "round", "timing") or isinstance(v, bool):
-            continue
-        if isinstance(v, int | float):
-            parts.append(f"{k} {v:.4g}")
-        elif isinstance(v, dict) and v and all(isinstance(x, int | float) for x in v.values()):
-            parts.append(f"{k} " + ", ".join(f"{a} {x:.4g}" for a, x in v.items()))
-        elif isinstance(v, dict) and v and all(isinstance(x, dict) for x in v.values()):  # e.g. evaluate's versions
-            parts += [f"{k} {a}: " + ", ".join(f"{m} {x:.4g}" for m, x in d.items() if isinstance(x, int | float))
-                      for a, d in v.items()]
-    return f"- **{name}**: " + ("; ".join(parts) or "done")
+    """A stage's markdown line: its sentences, or its numbers (tasks/reporting/summary.py, as `refinery run`)."""
+    return f"- **{stage.get('stage', '?')}**: " + "; ".join(stage_lines(stage, every=True))
 
 
 def round_markdown(run_id: str, round: int, rows: list[dict], stages: list[dict]) -> str:

@@ -25,10 +25,10 @@ from tasks.core.ids import KEY_HEX, digest
 from tasks.core.mcmc import CONTINUE, Trace, mean, shape_traces, tokens_changed
 from tasks.core.rewards import RewardConfig
 from tasks.core.verdicts import verify_row
-from tasks.refine import RefineConfig
 from tasks.reporting.progress import progress_reporter, sig4
 from tasks.sampling.rollouts import RolloutConfig
 from tasks.stage import RoundContext, stage
+from tasks.strategies.teacher_calls import TeacherConfig, ask_teacher, teacher_cache
 
 
 class ShapeConfig(Section):
@@ -41,7 +41,7 @@ class ShapeConfig(Section):
     max_traces: int = Field(8, ge=0, le=1_000_000, description="traces shaped per round")
     max_new_tokens: int = Field(64, ge=1, le=8192, description="longest proposed suffix")
     teacher_traces: bool = Field(True, description="where a prompt has no reference solution, ask the teacher "
-                                 "(refine.teacher) for one; only traces that verify are used")
+                                 "(teacher.model) for one; only traces that verify are used")
     seed: int = Field(0, ge=0, description="MCMC proposal seed")
     start_trace_factor: int = Field(4, ge=1, le=1000, description="a start trace longer than this times "
                                     "max_new_tokens tokens is cut there and not shaped (incomplete: no end of "
@@ -67,12 +67,11 @@ def shaping_candidates(store: Store, run_id: str, round: int, limit: int) -> pl.
 
 @stage("shape")
 def shape_task(ctx: RoundContext, store: Store, cfg: ShapeConfig, rollout_cfg: RolloutConfig,
-               reward_cfg: RewardConfig, refine_cfg: RefineConfig) -> dict:
-    """The shape stage of ctx's round -> `shaped_traces`. `refine_cfg` names the teacher (refine.teacher and its
-    teacher_* options) that writes traces for prompts without a reference solution; a prompt it cannot answer
-    is skipped (counted as teacher_unavailable), and the stage goes on."""
+               reward_cfg: RewardConfig, teacher_cfg: TeacherConfig) -> dict:
+    """The shape stage of ctx's round -> `shaped_traces`. `teacher_cfg` (the [teacher] section, which refine
+    reads too) names the teacher that writes traces for prompts without a reference solution and how it is
+    asked; a prompt it cannot answer is skipped (counted as teacher_unavailable), and the stage goes on."""
     from models.registry import load_teacher
-    from tasks.strategies.teacher_calls import ask_teacher, teacher_cache
 
     run_id, round = ctx.run_id, ctx.round
     cands = shaping_candidates(store, run_id, round, cfg.max_traces)
@@ -84,7 +83,7 @@ def shape_task(ctx: RoundContext, store: Store, cfg: ShapeConfig, rollout_cfg: R
     need = [r for r in cands.iter_rows(named=True) if r["prompt_id"] not in origins]
     calls, unavailable = 0, 0
     if need and cfg.teacher_traces:
-        teacher = load_teacher(refine_cfg.teacher, ctx.model, refine_cfg)
+        teacher = load_teacher(teacher_cfg.model, ctx.model, teacher_cfg)
         name = getattr(teacher, "name", "teacher")
         payloads, keys = {}, {}
         for r in need:
@@ -92,8 +91,8 @@ def shape_task(ctx: RoundContext, store: Store, cfg: ShapeConfig, rollout_cfg: R
             keys[r["prompt_id"]] = digest(f"{name}\x1fsolution\x1f{text}", KEY_HEX)
             payloads[keys[r["prompt_id"]]] = text  # two prompts with one question and answer share a call
         cache = teacher_cache(store)
-        fresh, failed = ask_teacher(store, teacher, payloads, cache, refine_cfg.teacher_max_new_tokens,
-                                    refine_cfg.teacher_temperature)
+        fresh, failed = ask_teacher(store, teacher, payloads, cache, teacher_cfg.max_new_tokens,
+                                    teacher_cfg.temperature)
         calls = len(fresh)
         unavailable = sum(keys[r["prompt_id"]] in failed for r in need)  # prompts, not calls: some share a call
         for r in need:

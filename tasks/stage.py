@@ -2,16 +2,25 @@
 
 A stage is a function `fn(ctx, store, *sections) -> dict` over one round: it reads the store's partitions,
 calls the pure algorithms in tasks/core, commits one partition (`store.commit(name, ...)`) and returns a small
-summary. `@stage("name")` turns it into the Prefect task the flow calls, as `name_task(ctx, *sections)`:
+summary. `@stage(name)` turns it into the Prefect task the flow calls, as `name_task(ctx, *sections)`:
 
 - it opens the `Store` at `ctx.store`;
 - a stage whose commit record already exists returns `{"stage", "round", "skipped": "already landed"}`
   without running (resume is store-driven: docs/architecture.md);
-- the summary gains `stage`, `round` and `timing` (the stage's own compute time: `tasks.reporting.progress.timed`);
+- the summary gains `stage` (the commit's name), `round` and `timing` (the stage's own compute time:
+  `tasks.reporting.progress.timed`); keys the stage returns itself win;
 - what the stage generates (models/meter.py: rollouts, LoPE resamples, teacher answers, MCMC proposals,
   evaluation samples) is counted and lands as `generated_tokens` rows in the stage's own commit (a rider on
   the store: storage/store.py), so the counts are there exactly when the stage is; a stage killed before
   its commit leaves neither, and its rerun counts what it generates again.
+
+Names known only at run time: `name` is the commit's name, a string (`"collect"`) or a function of the stage's
+arguments by keyword (`lambda ctx, **_: f"rescore-v{ctx.policy_version}"`), evaluated before the landed check.
+The Prefect task is named by the string, or by the function's own name less `_task` (`rescore_task` is
+`rescore`). Two options cover the stages outside a run's rounds: `metered` (a bool, or a function of the
+arguments) false keeps their generation out of `generated_tokens`, where the run's token budget and the
+comparison's accounting read it (`refinery eval`, rescore); `on_landed` (a function of the arguments) gives
+the keys a landed stage's summary says instead of, or beside, `skipped: "already landed"`.
 
 Choices, and why:
 - `RoundContext` is a pydantic model, so Prefect records it as a task parameter like any config section
@@ -20,6 +29,9 @@ Choices, and why:
   loads this round's policy with `models.registry.load_model(ctx.model)`.
 - Every stage starts by setting torch's threads to this process's share of the machine's cores
   (models/threads.py), so two runs on one machine share its cores instead of oversubscribing them.
+- This module knows no feature: a feature whose cache should live only for the stage that loads it registers
+  its release with `at_stage_end` (the embedder's MiniLM: tasks/selectors/embed.py), and every stage runs the
+  registered releases when it ends, then gives freed memory back (models/memory.py).
 - Tests and benchmarks call a stage without Prefect as `name_task.fn(ctx, *sections)`: the same skeleton
   (landed check, summary keys, timing), no task run.
 """
@@ -29,6 +41,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any
 
 import polars as pl
@@ -44,7 +57,6 @@ from models.threads import claim as claim_threads
 from storage.rounds import this_round
 from storage.store import Store
 from tasks.reporting.progress import timed
-from tasks.selectors.embed import release_embedder
 
 
 class RoundContext(BaseModel):
@@ -87,27 +99,54 @@ def token_counts(meter: Meter, ctx: RoundContext, name: str) -> dict[str, pa.Tab
     return {"generated_tokens": pa.Table.from_pylist(rows)} if rows else {}
 
 
-def stage(name: str, **task_options: Any) -> Callable[[Callable[..., dict]], Any]:
-    """Make `fn(ctx, store, *sections) -> dict` the Prefect task `name` taking `(ctx, *sections)`."""
+STAGE_END: list[Callable[[], None]] = []  # what every stage runs when it ends (at_stage_end)
+
+
+def at_stage_end(release: Callable[[], None]) -> Callable[[], None]:
+    """Run `release()` when every stage ends, from now on (a feature's cache that lives for the stage that
+    loads it, e.g. tasks/selectors/embed.py's MiniLM); returns `release`, so it decorates."""
+    if release not in STAGE_END:
+        STAGE_END.append(release)
+    return release
+
+
+def stage(name: str | Callable[..., str], *, metered: bool | Callable[..., bool] = True,
+          on_landed: Callable[..., dict] | None = None, **task_options: Any) -> Callable[[Callable[..., dict]], Any]:
+    """Make `fn(ctx, store, *sections) -> dict` the Prefect task taking `(ctx, *sections)` that lands commit
+    `name` (a string, or a function of the arguments: module docstring)."""
 
     def wrap(fn: Callable[..., dict]) -> Any:
+        # Prefect binds a call's arguments to the task's signature: the stage's own, without `store`
+        signature = inspect.Signature([p for p in inspect.signature(fn).parameters.values() if p.name != "store"])
+
+        def of_call(rule: Any, args: tuple, kwargs: dict) -> Any:
+            """`rule` itself, or, if it is a function, its value on this call's arguments by keyword."""
+            if not callable(rule):
+                return rule
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            return rule(**bound.arguments)
+
         @functools.wraps(fn)
         def run(ctx: RoundContext, *sections: Any, **kwargs: Any) -> dict:
             store = Store(ctx.store)
-            if store.landed(ctx.run_id, ctx.round, name):
-                return skipped(name, ctx.round)
+            commit = of_call(name, (ctx, *sections), kwargs)
+            if store.landed(ctx.run_id, ctx.round, commit):
+                return {**skipped(commit, ctx.round), **of_call(on_landed or {}, (ctx, *sections), kwargs)}
             claim_threads()  # this process's share of the cores, re-read per stage (models/threads.py)
             try:
-                with metering() as meter:  # what the stage generates lands with its commit (models/meter.py)
-                    store.riders[(ctx.run_id, ctx.round, name)] = lambda: token_counts(meter, ctx, name)
-                    return {"stage": name, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
+                counting = of_call(metered, (ctx, *sections), kwargs)
+                with metering() if counting else nullcontext() as meter:  # lands with the commit (models/meter.py)
+                    if meter is not None:
+                        store.riders[(ctx.run_id, ctx.round, commit)] = lambda: token_counts(meter, ctx, commit)
+                    return {"stage": commit, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
             finally:
-                release_embedder()
+                for release in STAGE_END:
+                    release()
                 release_memory()  # what the stage freed goes back to the OS before the next stage's peak
 
-        # Prefect binds a call's arguments to the task's signature: the stage's own, without `store`
-        params = list(inspect.signature(fn).parameters.values())
-        run.__signature__ = inspect.Signature([p for p in params if p.name != "store"])
-        return task(name=name, **task_options)(timed(run))
+        run.__signature__ = signature
+        task_name = name if isinstance(name, str) else fn.__name__.removesuffix("_task")
+        return task(name=task_name, **task_options)(timed(run))
 
     return wrap

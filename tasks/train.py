@@ -12,14 +12,14 @@
   (`train.old_logprobs = "auto"`: transformers or scripted backend, fp32; `sampler_computes_as_trainer`), else
   recomputed with the training model before the first update, so differences between the sampling backend
   and the trainer do not bias the ratio; the first step's rows take them from that step's own forward,
-  detached (tasks/core/grpo.py `first_step_on_policy`: the same weights, no extra pass).
+  detached (tasks/core/train_plan.py `first_step_on_policy`: the same weights, no extra pass).
 - Every log-prob that describes the sampling distribution (new and old policy, the KL reference, LoPE's
   behaviour prompt, the entropy) is log_softmax(logits / T) at the rollouts' temperature `rollout.temperature`
   (T = 0 means 1), as verl and TRL compute it; the SFT term on shaped traces is plain likelihood at T = 1.
 - KL to the frozen starting model (policy version 0), k3 estimator exp(ref - logp) - (ref - logp) - 1,
   clamped at `train.kl_clamp` (10) per token as verl does, coefficient `kl_coef` (0 switches it off and skips the reference forward).
   In round 0 the policy is that model: its reference log-probs come from the old pass (LoPE rows get one pass
-  under their plain prompt) and no second model is loaded (tasks/core/grpo.py `reference_is_policy`).
+  under their plain prompt) and no second model is loaded (tasks/core/train_plan.py `reference_is_policy`).
 - Replay (`train.replay_share`, off by default): informative groups of the last `replay_rounds` rounds fill up
   to that share of the round's rows, their surrogate weighted per token by min(pi_old / mu, c) against the
   behaviour log-probs they were sampled with (tasks/core/replay.py); `train_steps.replay_share` records it.
@@ -46,7 +46,7 @@ from storage.rounds import prompts
 from storage.store import Store, fault_point
 from tasks.core.advantages import group_advantages
 from tasks.core.fewshot import ask
-from tasks.core.grpo import Sequence, TrainConfig, train_round
+from tasks.core.grpo import Sequence, TrainConfig, TrainPlan, train_round
 from tasks.core.replay import pick_replay, replay_budget
 from tasks.core.seeds import round_seed
 from tasks.reporting.progress import progress_reporter, sig4
@@ -189,9 +189,9 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
             advance(1)
             fault_point("train:mid")  # test hook: a fault test kills the process here, mid-training
 
-        steps = train_round(model, load_reference, seqs, sft, cfg, pad_id, device, ctx.model.dtype,
-                            seed=round_seed(cfg.seed, round), on_step=on_step, temperature=rollout_cfg.temperature,
-                            reference_is_policy=policy_version == 0)  # round 0 starts from the base itself
+        plan = TrainPlan(rollout_cfg.temperature, pad_id, device, ctx.model.dtype, seed=round_seed(cfg.seed, round),
+                         on_step=on_step, reference_is_policy=policy_version == 0)  # round 0 starts from the base
+        steps = train_round(model, load_reference, seqs, sft, cfg, plan)
     seconds = time.perf_counter() - t0
     version = policy_version + 1
     if steps:

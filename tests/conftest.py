@@ -147,7 +147,7 @@ def assert_trains_alike(b, flag: str, dtype: str = "fp32") -> None:
 
     import torch
 
-    from tasks.core.grpo import Sequence, TrainConfig, train_round
+    from tasks.core.grpo import Sequence, TrainConfig, TrainPlan, train_round
 
     seqs = grpo_batch(b)
     sft = [Sequence(seqs[1].prompt_ids, seqs[1].completion_ids + [b.tokenizer.eos_token_id], 0.0)]
@@ -155,7 +155,7 @@ def assert_trains_alike(b, flag: str, dtype: str = "fp32") -> None:
     for on in (False, True):
         model = copy.deepcopy(b.model)
         cfg = TrainConfig(lr=1e-3, kl_coef=0.0, sft_weight=0.5, rows_per_step=2, **{flag: on})
-        rows = train_round(model, None, seqs, sft, cfg, b.pad_id, dtype=dtype, seed=1, temperature=0.7)
+        rows = train_round(model, None, seqs, sft, cfg, TrainPlan(0.7, b.pad_id, dtype=dtype, seed=1))
         out.append((rows, dict(model.named_parameters())))
     (rows0, w0), (rows1, w1) = out
     for r0, r1 in zip(rows0, rows1, strict=True):

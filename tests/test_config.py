@@ -57,6 +57,23 @@ def test_schema_carries_bounds_for_the_ui_form():
     assert schema["$defs"]["RewardConfig"]["properties"]["verifier"]["enum"] == ["auto", "rg", "math", "exact"]
 
 
+def test_the_flow_s_ui_form_has_the_teacher_section_and_no_rename_table():
+    """The deployment's parameter form (Prefect builds it from the flow's signature) shows [teacher] with its
+    bounds; `renamed_from`, the migration table, is a class attribute, not a form field."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.curriculum import curriculum
+
+    form = parameter_schema(curriculum.fn).model_dump_for_openapi()
+    defs = form.get("definitions") or form["$defs"]
+    teacher = defs["TeacherConfig"]["properties"]
+    assert set(teacher) == {"model", "max_new_tokens", "temperature", "timeout_s", "retries", "backoff_s",
+                            "concurrency"}
+    assert teacher["concurrency"]["minimum"] == 1 and teacher["model"]["description"]
+    assert not {k for k in defs["RefineConfig"]["properties"] if k.startswith("teacher") and k not in
+                ("teacher_attempts", "teacher_distractors")}
+
+
 def test_cross_field_rule_is_named_too():
     with pytest.raises(ValueError, match=r"eval\.k \(8\) must be <= eval\.n_samples \(4\)"):
         load_config(sets=["eval.k=8"])
@@ -100,9 +117,9 @@ def test_every_field_has_a_description():
     (["model.policy=some-org/some-model"], "model.policy: 'some-org/some-model' is a Hugging Face id that is not "
                                            "in the local cache, and HF_HUB_OFFLINE is set"),
     (["model.policy=notamodel"], "model.policy: 'notamodel' is not a transformers checkpoint folder"),
-    (["refine.teacher=openai:http://127.0.0.1:9"], "refine.teacher: 'openai:http://127.0.0.1:9': no model name"),
-    (["refine.teacher=openai:localhost#m"], "refine.teacher: 'openai:localhost#m': the base URL 'localhost' is not"),
-    (["refine.teacher=gpt4"], "refine.teacher: unknown model 'gpt4'"),
+    (["teacher.model=openai:http://127.0.0.1:9"], "teacher.model: 'openai:http://127.0.0.1:9': no model name"),
+    (["teacher.model=openai:localhost#m"], "teacher.model: 'openai:localhost#m': the base URL 'localhost' is not"),
+    (["teacher.model=gpt4"], "teacher.model: unknown model 'gpt4'"),
     (["model.backend=vllm"], "model.backend: 'vllm' needs vLLM"),
     (["model.backend=vllm", "select.embedder=policy"], "select.embedder: the 'policy' embedder reads"),
 ])
@@ -133,21 +150,21 @@ def test_vllm_is_refused_only_for_what_it_cannot_run(monkeypatch):
 def test_preflight_reports_every_problem_at_once_and_accepts_a_good_config(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "ok.jsonl").write_text('{"question": "What is 2 + 2?", "answer": 4}\n')
-    bad = load_config(sets=['pool.sources=[{"source": "rg:prodcts"}]', "model.policy=smollm", "refine.teacher=gpt4"])
-    with pytest.raises(ValueError, match=r"pool\.sources\[0\]\.source: .*; model\.policy: .*; refine\.teacher: "):
+    bad = load_config(sets=['pool.sources=[{"source": "rg:prodcts"}]', "model.policy=smollm", "teacher.model=gpt4"])
+    with pytest.raises(ValueError, match=r"pool\.sources\[0\]\.source: .*; model\.policy: .*; teacher\.model: "):
         validate_for_run(bad)
     good = load_config(sets=[f'pool.sources=[{{"source": "rg:products"}}, {{"source": "{tmp_path / "ok.jsonl"}"}}]',
-                             "model.policy=tiny-random", f"refine.teacher={tmp_path}", "select.embedder=hashing"])
+                             "model.policy=tiny-random", f"teacher.model={tmp_path}", "select.embedder=hashing"])
     (tmp_path / "config.json").write_text("{}")  # a checkpoint folder, as far as a spec check goes
     validate_for_run(good)
 
 
 @pytest.mark.parametrize("sets, refused", [
-    (["refine.teacher=TEACHER"], True),
-    (["refine.teacher=policy", "refine.scaffolds_from_policy=true"], True),
-    (["refine.teacher=policy"], False),  # the refine stage skips a policy's own rewrites
-    (["refine.teacher=TEACHER", "rounds=1"], False),  # no round has a refine stage after it
-    (["refine.teacher=TEACHER", 'refine.strategies=["ladder"]'], False),
+    (["teacher.model=TEACHER"], True),
+    (["teacher.model=policy", "refine.scaffolds_from_policy=true"], True),
+    (["teacher.model=policy"], False),  # the refine stage skips a policy's own rewrites
+    (["teacher.model=TEACHER", "rounds=1"], False),  # no round has a refine stage after it
+    (["teacher.model=TEACHER", 'refine.strategies=["ladder"]'], False),
 ], ids=["teacher", "scaffolds-from-policy", "policy", "one-round", "no-scaffolds"])
 def test_teacher_rewrites_need_the_minilm_package(tmp_path, monkeypatch, sets, refused):
     """The rewrite gate's dictionary and topic checks use MiniLM, whatever select.embedder says."""

@@ -176,7 +176,7 @@ def test_the_cap_leaves_the_batch_short_and_says_so(store):
     assert d["kept"] < 6 and d["short"] == 6 - d["kept"] and d["cap_hit"]
     n = q(store, "SELECT count(DISTINCT prompt_id) AS n FROM rollouts WHERE run_id = 'c'")[0]["n"]
     assert n == d["kept"] == out["prompts"]
-    from flows.cli.run_summary import short_batch as _short_batch
+    from tasks.reporting.summary import short_batch as _short_batch
 
     assert _short_batch(d) == f"; the batch is SHORT by {d['short']} groups (the cap of 1 generation batch was hit)"
 

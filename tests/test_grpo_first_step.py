@@ -9,15 +9,15 @@ import torch
 from test_prefix import CFG, _batch, _reference, _rows_match
 
 import tasks.core.grpo as grpo
-from tasks.core.grpo import train_round
+from tasks.core.grpo import TrainPlan, train_round
 
 RTOL, ATOL = 1e-4, 1e-6
 
 
 def _train(b, ref, seqs, cfg, on_policy: bool, reference_is_policy: bool):
     model = copy.deepcopy(b.model)
-    rows = train_round(model, ref, seqs, [], cfg, b.pad_id, seed=3, temperature=0.7,
-                       reference_is_policy=reference_is_policy, first_step_on_policy=on_policy)
+    rows = train_round(model, ref, seqs, [], cfg, TrainPlan(0.7, b.pad_id, seed=3, reference_is_policy=reference_is_policy,
+                                                        first_step_on_policy=on_policy))
     return rows, model
 
 

@@ -34,6 +34,32 @@ def test_storage_and_models_never_import_flows_or_tasks():
                 assert n.split(".")[0] not in ("flows", "tasks"), f"{f.relative_to(ROOT)} imports {n}"
 
 
+# what tasks/stage.py may import of the project: the store, the model infrastructure, the stage timer
+STAGE_MAY_IMPORT = ("storage", "models.config", "models.memory", "models.meter", "models.sharded", "models.threads",
+                    "tasks.reporting.progress")
+
+
+def feature_imports(source: str) -> list[str]:
+    """The project modules `source` imports, anywhere in it (lazy imports too), beyond STAGE_MAY_IMPORT."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] if node.module.count(".") else [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [n for n in names if n.split(".")[0] in ("flows", "tasks", "storage", "models")
+                  and not any(n == ok or n.startswith(ok + ".") for ok in STAGE_MAY_IMPORT)]
+    return found
+
+
+def test_the_stage_contract_imports_no_feature():
+    """issue 48: tasks/stage.py knows no feature (it imported the embedder's cache); a feature registers what
+    should run when a stage ends (`at_stage_end`) instead. tests/test_stage.py plants an import to see this fail."""
+    assert feature_imports((ROOT / "tasks" / "stage.py").read_text()) == []
+
+
 def test_console_script_is_the_cli():
     import tomllib
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tasks.core.advantages import group_advantages
-from tasks.core.grpo import Sequence, TrainConfig, train_round
+from tasks.core.grpo import Sequence, TrainConfig, TrainPlan, train_round
 from tasks.core.passes import completion_logprobs
 from tasks.core.prefix import prompt_groups, shared_completion_logprobs, shared_micro_batches
 
@@ -47,8 +47,8 @@ def _reference(b):
 
 def _run(b, ref, seqs, sft, cfg, shared: bool):
     model = copy.deepcopy(b.model)
-    rows = train_round(model, ref, seqs, sft, cfg.model_copy(update={"shared_prefix": shared}), b.pad_id, seed=3,
-                       temperature=0.7)
+    rows = train_round(model, ref, seqs, sft, cfg.model_copy(update={"shared_prefix": shared}),
+                       TrainPlan(temperature=0.7, pad_id=b.pad_id, seed=3))
     # the last step's gradients stay on the parameters (zeroed at each step's start, not after it)
     return rows, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -182,7 +182,7 @@ def test_group_steps_keep_a_prompts_rows_in_one_step(tiny_backend, monkeypatch):
     for group_steps in (True, False):
         prompts_per_pass.clear()
         cfg = CFG.model_copy(update={"rows_per_step": 4, "sft_weight": 0.0, "group_steps": group_steps})
-        assert len(train_round(copy.deepcopy(b.model), None, seqs, [], cfg, b.pad_id, seed=3, temperature=0.7)) == 2
+        assert len(train_round(copy.deepcopy(b.model), None, seqs, [], cfg, TrainPlan(0.7, b.pad_id, seed=3))) == 2
         expected = [1, 1] if group_steps else [2, 2]  # seed 3's shuffle mixes both groups into each step
         assert prompts_per_pass == expected
 
@@ -197,12 +197,12 @@ def test_a_reference_that_is_the_starting_policy_reuses_the_old_pass(tiny_backen
     seqs, _ = _batch(b)
     cfg = CFG.model_copy(update={"lr": 1e-2, "rows_per_step": 3, "shared_prefix": shared})
     frozen = copy.deepcopy(b.model).eval().requires_grad_(False)
-    plain = train_round(copy.deepcopy(b.model), frozen, seqs, [], cfg, b.pad_id, seed=3, temperature=0.7)
+    plain = train_round(copy.deepcopy(b.model), frozen, seqs, [], cfg, TrainPlan(0.7, b.pad_id, seed=3))
 
     def no_loading():
         raise AssertionError("the reference was loaded")
 
-    reused = train_round(copy.deepcopy(b.model), no_loading, seqs, [], cfg, b.pad_id, seed=3, temperature=0.7,
-                         reference_is_policy=True)
+    reused = train_round(copy.deepcopy(b.model), no_loading, seqs, [], cfg,
+                         TrainPlan(0.7, b.pad_id, seed=3, reference_is_policy=True))
     assert len(plain) == 3 and max(r["kl"] for r in plain[1:]) > 1e-6
     _rows_match(reused, plain)

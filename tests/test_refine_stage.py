@@ -13,6 +13,7 @@ from storage.query import sql
 from tasks.core.ids import prompt_id
 from tasks.refine import refine
 from tasks.strategies.ladder import make_mcq
+from tasks.strategies.teacher_calls import TeacherConfig
 
 
 class CountingTeacher:
@@ -62,20 +63,20 @@ def _original(text, answer, params=None):
 
 def test_teacher_answers_are_reused_not_requested_again(store, tiny_backend):
     prompts = [_original(f"Solve the following multiplication: {a} * {b}.", str(a * b)) for a, b in ((7, 8), (6, 9))]
-    cfg = RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=12)
+    cfg, asking = RefineConfig(strategies=["teacher_scaffold"]), TeacherConfig(max_new_tokens=12)
     teacher = CountingTeacher(tiny_backend)
     _seed_round(store, "a", prompts, {0: [0] * 4, 1: [0] * 4})
-    out = refine(round_ctx(store, "a"), store, cfg, teacher)
+    out = refine(round_ctx(store, "a"), store, cfg, teacher, asking=asking)
     assert teacher.calls == 2 and out["teacher_calls"] == 2
     assert sql(store, "SELECT count(*) AS n FROM teacher_calls").to_pylist() == [{"n": 2}]
     # a second run with the same prompts and rollouts builds the same payloads: answered from the store
     _seed_round(store, "b", prompts, {0: [0] * 4, 1: [0] * 4})
-    again = refine(round_ctx(store, "b"), store, cfg, teacher)
+    again = refine(round_ctx(store, "b"), store, cfg, teacher, asking=asking)
     assert teacher.calls == 2 and again["teacher_calls"] == 0
     calls = sql(store, "SELECT teacher_call FROM refinements WHERE run_id = 'b'").column("teacher_call").to_pylist()
     assert all(json.loads(c)["reused"] for c in calls) and len(calls) == 2
     # and a rerun of a landed stage does nothing at all
-    assert refine(round_ctx(store, "a"), store, cfg, teacher)["skipped"] == "already landed" and teacher.calls == 2
+    assert refine(round_ctx(store, "a"), store, cfg, teacher, asking=asking)["skipped"] == "already landed" and teacher.calls == 2
 
 
 def test_ladder_entry_promotion_harden_and_rejections(store):
@@ -180,7 +181,8 @@ def test_policy_teacher_distractors_through_the_real_backend(store, tiny_backend
     hard = _original("Solve the following multiplication: 7 * 8.", "56")
     _seed_round(store, "a", [hard], {0: [0] * 4})
     teacher = CountingTeacher(tiny_backend)
-    out = refine(round_ctx(store, "a"), store, RefineConfig(strategies=["ladder"], teacher_max_new_tokens=8), teacher)
+    out = refine(round_ctx(store, "a"), store, RefineConfig(strategies=["ladder"]), teacher,
+                 asking=TeacherConfig(max_new_tokens=8))
     assert teacher.calls == 1 and out["children"] == 1
     assert sql(store, "SELECT count(*) AS n FROM teacher_calls").to_pylist() == [{"n": 1}]
 
@@ -200,9 +202,10 @@ def test_tiny_random_teacher_gets_no_scaffold_into_the_pool(store, tiny_backend)
     pairs = ((7, 8), (6, 9), (3, 4), (5, 7), (2, 9), (8, 4))
     prompts = [_original(f"Solve the following multiplication: {a} * {b}.", str(a * b)) for a, b in pairs]
     _seed_round(store, "a", prompts, {i: [0] * 4 for i in range(len(prompts))})
-    cfg = RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=40)
+    cfg = RefineConfig(strategies=["teacher_scaffold"])
     teacher = CountingTeacher(tiny_backend)
-    out = refine(round_ctx(store, "a"), store, cfg, teacher, logprobs=lambda texts: mean_logprobs(tiny_backend, texts))
+    out = refine(round_ctx(store, "a"), store, cfg, teacher, logprobs=lambda texts: mean_logprobs(tiny_backend, texts),
+                 asking=TeacherConfig(max_new_tokens=40))
     assert teacher.calls == len(prompts) and out["children"] == 0
     rows = sql(store, "SELECT accepted, reason FROM refinements WHERE strategy = 'teacher_scaffold'").to_pylist()
     assert len(rows) == len(prompts) and not any(r["accepted"] for r in rows)
@@ -266,7 +269,7 @@ def test_an_empty_answer_is_no_gate_rejection(store, tiny_backend):
 
 
 def test_policy_teacher_scaffolds_stay_off_unless_asked(store):
-    """refine_task, as the flow runs it: with teacher = 'policy' (the default) no scaffold is asked for;
+    """refine_task, as the flow runs it: with teacher.model = 'policy' (the default) no scaffold is asked for;
     scaffolds_from_policy turns them on, and the tiny policy's rewrites are then all rejected."""
     from flows.config import ModelConfig
     from tasks.refine import refine_task
@@ -274,11 +277,12 @@ def test_policy_teacher_scaffolds_stay_off_unless_asked(store):
     prompts = [_original(f"Solve the following multiplication: {a} * {b}.", str(a * b)) for a, b in ((7, 8), (6, 9))]
     _seed_round(store, "a", prompts, {0: [0] * 4, 1: [0] * 4})
     model = ModelConfig(policy="tiny-random")
-    cfg = RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=24)
-    off = refine_task.fn(round_ctx(store, "a", model=model), cfg)
+    cfg, asking = RefineConfig(strategies=["teacher_scaffold"]), TeacherConfig(max_new_tokens=24)
+    off = refine_task.fn(round_ctx(store, "a", model=model), cfg, asking)
     assert off["refinements"] == 0 and off["teacher_scaffold"].startswith("off: the teacher is the policy")
     _seed_round(store, "b", prompts, {0: [0] * 4, 1: [0] * 4})
-    on = refine_task.fn(round_ctx(store, "b", model=model), cfg.model_copy(update={"scaffolds_from_policy": True}))
+    on = refine_task.fn(round_ctx(store, "b", model=model), cfg.model_copy(update={"scaffolds_from_policy": True}),
+                         asking)
     assert on["teacher_calls"] == 2 and on["children"] == 0 and "teacher_scaffold" not in on
     assert sum(on["rejections"].values()) == 2 == sum(_rejections_in_sql(store, "b").values())
 
@@ -318,7 +322,8 @@ def test_the_teacher_sees_the_students_own_attempts_not_lope_rescues(store, tiny
     own = pl.from_arrow(table).with_columns(pl.lit(0.0).alias("reward"), pl.lit(False).alias("correct"))
     store.commit("score", {"prompt_scores": eps_scores(own).to_arrow()}, run_id="a", round=0)
     teacher = RecordingTeacher(tiny_backend)
-    refine(round_ctx(store, "a"), store, RefineConfig(strategies=["teacher_scaffold"], teacher_max_new_tokens=8), teacher)
+    refine(round_ctx(store, "a"), store, RefineConfig(strategies=["teacher_scaffold"]), teacher,
+           asking=TeacherConfig(max_new_tokens=8))
     assert len(teacher.asked) == 1
     assert "I think 0" in teacher.asked[0] and "I think 1" in teacher.asked[0]
     assert "RESCUED" not in teacher.asked[0]

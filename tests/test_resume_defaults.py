@@ -34,13 +34,66 @@ def _old_config(**changes) -> dict:
 
 def test_what_the_user_does_not_give_keeps_the_stored_value():
     stored = _old_config(**{"rollout.lope_prefixes": 6, "rounds": 5, "refine.gone_field": 1,
-                            "refine.teacher_concurrency": None})
+                            "teacher.concurrency": None})
     base, gone = stored_base(stored)
-    assert gone == ["refine.gone_field"] and "teacher_concurrency" not in base["refine"]
+    assert gone == ["refine.gone_field"] and "concurrency" not in base["teacher"]
     config = load_config(sets=["rollout.temperature=0.9"], stored=stored, run_id="r")
     assert config.rollout.lope_prefixes == 6  # the stored value, not today's default (0)
     assert config.rounds == 5 and config.rollout.temperature == 0.9  # given: the user's value
-    assert config.refine.teacher_concurrency == RunConfig().refine.teacher_concurrency  # added since: the default
+    assert config.teacher.concurrency == RunConfig().teacher.concurrency  # added since: the default
+
+
+def _before_the_teacher_section(**teacher) -> dict:
+    """Today's defaults as a commit before the [teacher] section stored them: its fields were refine.teacher*."""
+    tree = RunConfig().model_dump(mode="json")
+    del tree["teacher"]
+    tree["refine"].update({"teacher": "policy", "teacher_max_new_tokens": 128, "teacher_temperature": 0.7,
+                           "teacher_timeout_s": 60.0, "teacher_retries": 3, "teacher_backoff_s": 1.0,
+                           "teacher_concurrency": 4, **teacher})
+    return tree
+
+
+def test_a_run_stored_with_refine_teacher_fields_resumes_with_the_same_teacher():
+    """A run started before the [teacher] section stored refine.teacher*: it resumes with those values, from the
+    command line (stored base) and from the form (every field passed: keep_stored), with no change recorded;
+    changing one that decides landed data is still refused, under its new name."""
+    from flows.curriculum import check_resume, keep_stored
+
+    stored = _before_the_teacher_section(teacher="openai:http://127.0.0.1:9#t", teacher_max_new_tokens=32,
+                                         teacher_temperature=0.2, teacher_retries=5)
+    want = {"model": "openai:http://127.0.0.1:9#t", "max_new_tokens": 32, "temperature": 0.2, "timeout_s": 60.0,
+            "retries": 5, "backoff_s": 1.0, "concurrency": 4}
+    base, gone = stored_base(stored)
+    assert base["teacher"] == want and gone == [] and "teacher_retries" not in base["refine"]
+    config = load_config(stored=stored, run_id="r")
+    assert config.teacher.model_dump() == want and "teacher" not in config.refine.model_dump()
+    assert check_resume(config, stored) is None
+    form = keep_stored(RunConfig(run_id="r", teacher={"model": want["model"], "retries": 5}), stored)
+    assert form.teacher.model_dump() == want  # the stored 32 and 0.2, not the form's defaults 128 and 0.7
+    with pytest.raises(ValueError, match=r"differs in: teacher\.max_new_tokens\)"):
+        check_resume(load_config(sets=["teacher.max_new_tokens=128"], stored=stored, run_id="r"), stored)
+    assert check_resume(load_config(sets=["refine.teacher_retries=1"], stored=stored, run_id="r"), stored) == \
+        "resumed with changed teacher.retries: 5 -> 1"  # an old key given on resume is read as its new one
+
+
+def test_old_teacher_keys_in_a_config_file_read_as_the_new_ones(tmp_path):
+    """A TOML written before the [teacher] section still loads (its refine.teacher* keys moved, silently), and a
+    --set of the new key overrides it as any --set does; one file holding the old and the new key with
+    different values is one error naming both."""
+    old = tmp_path / "old.toml"
+    old.write_text('[refine]\nteacher = "openai:http://127.0.0.1:9#t"\nteacher_temperature = 0.3\n'
+                   'strategies = ["ladder"]\n')
+    config = load_config(str(old))
+    assert (config.teacher.model, config.teacher.temperature) == ("openai:http://127.0.0.1:9#t", 0.3)
+    assert config.refine.strategies == ["ladder"]
+    assert load_config(str(old), sets=["teacher.temperature=0.9"]).teacher.temperature == 0.9
+    assert load_config(sets=["teacher.retries=7", "refine.teacher_retries=2"]).teacher.retries == 2  # the later
+    both = tmp_path / "both.toml"
+    both.write_text('[refine]\nteacher_temperature = 0.3\n[teacher]\ntemperature = 0.9\n')
+    with pytest.raises(ValueError, match=r"^refine\.teacher_temperature \(0\.3\) and teacher\.temperature \(0\.9\) "
+                       r"both given: refine\.teacher_temperature is now teacher\.temperature; give teacher\.temperature "
+                       r"only$"):
+        load_config(str(both))
 
 
 def test_a_changed_default_is_no_change_but_a_given_value_is():
@@ -98,3 +151,7 @@ def test_an_old_store_whose_run_has_other_defaults_resumes_from_the_command_line
     ran = json.loads(rows["config"][-1])
     assert ran["rollout"]["lope_prefixes"] == old["rollout"]["lope_prefixes"]
     assert ran["model"]["backend"] == "scripted"  # the stored policy, not today's default model
+    # stored before the [teacher] section: its refine.teacher* values carried over, not today's defaults
+    moved = {new: old["refine"][f"teacher_{new}" if new != "model" else "teacher"]
+             for new in ("model", "max_new_tokens", "temperature", "timeout_s", "retries", "backoff_s")}
+    assert {k: ran["teacher"][k] for k in moved} == moved and "teacher" not in ran["refine"]

@@ -207,7 +207,7 @@ def test_a_reference_cut_at_the_trace_cap_is_not_shaped_nor_trained_on(store):
         "run_id": ["cap"] * 2, "round": [0] * 2, "policy_version": [0] * 2, "prompt_id": ids, "n": [4] * 2,
         "mean_reward": [0.0] * 2, "std_reward": [0.0] * 2, "eps": [0.0] * 2, "bucket": ["too_hard"] * 2})},
         run_id="cap", round=0)
-    out = shape_task.fn(round_ctx(store, "cap", 0, model=cfg.model), cfg.shape, cfg.rollout, cfg.reward, cfg.refine)
+    out = shape_task.fn(round_ctx(store, "cap", 0, model=cfg.model), cfg.shape, cfg.rollout, cfg.reward, cfg.teacher)
     got = {r["prompt_id"]: r for r in sql(store, "SELECT * FROM shaped_traces WHERE run_id = 'cap'").to_pylist()}
     short, cut = got[ids[0]], got[ids[1]]
     assert short["correct"] and short["steps"] == 2 and short["start_logprob"] is not None

@@ -22,9 +22,9 @@ from flows.config import RefineConfig, load_config
 from models.registry import load_teacher
 from storage.query import scan, sql
 from tasks.refine import refine
-from tasks.strategies.teacher_calls import ask_teacher, teacher_cache
+from tasks.strategies.teacher_calls import TeacherConfig, ask_teacher, teacher_cache
 
-FAST = dict(teacher_retries=1, teacher_backoff_s=0.01, teacher_timeout_s=5.0)
+FAST = dict(retries=1, backoff_s=0.01, timeout_s=5.0)  # [teacher]: a down endpoint fails fast
 
 
 def _openai(url: str) -> str:
@@ -53,7 +53,7 @@ def test_answers_land_as_they_return_and_failures_are_asked_again(store, monkeyp
     payloads = {f"k{i}": f"Problem:\nQuestion {i}{' SLOW' * (i == 3)}{' BAD' * (i == 4)}\n\nCorrect answer: {i}"
                 for i in range(5)}
     with TeacherServer(script=script) as srv:
-        teacher = load_teacher(_openai(srv.url), None, RefineConfig(**FAST, teacher_concurrency=3))
+        teacher = load_teacher(_openai(srv.url), None, TeacherConfig(**FAST, concurrency=3))
         cache: dict = {}
         result: list = []
         asking = threading.Thread(target=lambda: result.append(ask_teacher(store, teacher, payloads, cache, 16)))
@@ -121,10 +121,10 @@ def test_a_slow_local_batch_still_lands_as_one_commit(store, tiny_backend, monke
 def test_refine_stage_falls_back_per_prompt_when_the_teacher_is_down(store):
     prompts = [_original(f"Solve the following multiplication: {a} * {b}.", str(a * b)) for a, b in ((7, 8), (6, 9))]
     _seed_round(store, "a", prompts, {0: [0] * 4, 1: [0] * 4})
-    cfg = RefineConfig(strategies=["ladder", "teacher_scaffold"], **FAST)
+    cfg, asking = RefineConfig(strategies=["ladder", "teacher_scaffold"]), TeacherConfig(**FAST)
     url = f"http://127.0.0.1:{closed_port()}"
     t0 = time.perf_counter()
-    out = refine(round_ctx(store, "a"), store, cfg, load_teacher(_openai(url), None, cfg))
+    out = refine(round_ctx(store, "a"), store, cfg, load_teacher(_openai(url), None, asking), asking=asking)
     assert time.perf_counter() - t0 < 10
     rows = sql(store, "SELECT strategy, accepted, reason, teacher_call FROM refinements ORDER BY strategy").to_pylist()
     assert [(r["strategy"], r["accepted"]) for r in rows] == [("ladder", True)] * 2 + [("teacher_scaffold", False)] * 2
@@ -144,7 +144,7 @@ def test_refine_stage_falls_back_per_prompt_when_the_teacher_is_down(store):
 @pytest.mark.slow
 def test_down_teacher_run_completes_then_resumes_with_a_working_teacher(prefect_api, store, monkeypatch):
     """Done-when of issue 11 item 3. 'Resumed with a working teacher' means, precisely: the 2-round run whose
-    teacher endpoint is down completes (fallbacks recorded); it is then resumed with refine.teacher pointing
+    teacher endpoint is down completes (fallbacks recorded); it is then resumed with teacher.model pointing
     at a working endpoint and rounds 2 -> 3 (allowed, recorded on the resumed row); that process dies right
     after round 1's teacher answers landed, before its refine stage did; the next resume finishes the run.
     The working server sees every question exactly once."""
@@ -152,10 +152,12 @@ def test_down_teacher_run_completes_then_resumes_with_a_working_teacher(prefect_
 
     down = _openai(f"http://127.0.0.1:{closed_port()}")
     # shape.*: the working teacher's traces verify, so each is shaped (8 traces x 8 steps took ~190 s here)
-    sets = [*TINY, *(f"refine.{k}={v}" for k, v in FAST.items()), "shape.max_traces=2", "shape.steps=2"]
-    out = curriculum(load_config(sets=[*sets, f"refine.teacher={down}"], run_id="t", store=store.root, rounds=2))
+    # pool.rg_solutions off: shape's candidates have no reference solution, so shape asks the teacher too
+    sets = [*TINY, *(f"teacher.{k}={v}" for k, v in FAST.items()), "shape.max_traces=2", "shape.steps=2",
+            "pool.rg_solutions=false"]
+    out = curriculum(load_config(sets=[*sets, f"teacher.model={down}"], run_id="t", store=store.root, rounds=2))
     shaped = [s for s in out["stages"] if s["stage"] == "shape"]
-    assert [s["teacher_unavailable"] > 0 and s["teacher_calls"] == 0 for s in shaped] == [True, True]
+    assert [s["teacher_unavailable"] > 0 and s["teacher_calls"] == 0 for s in shaped] == [True, True], shaped
     (refined,) = [s for s in out["stages"] if s["stage"] == "refine"]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
@@ -175,7 +177,7 @@ def test_down_teacher_run_completes_then_resumes_with_a_working_teacher(prefect_
             raise RuntimeError("injected: the process died here")
 
     with TeacherServer() as srv:
-        working = load_config(sets=[*sets, f"refine.teacher={_openai(srv.url)}"], run_id="t", store=store.root,
+        working = load_config(sets=[*sets, f"teacher.model={_openai(srv.url)}"], run_id="t", store=store.root,
                               rounds=3)
         monkeypatch.setattr(tasks.refine, "fault_point", died_after_the_answers_landed)
         with pytest.raises(RuntimeError, match="injected"):
@@ -198,8 +200,8 @@ def test_down_teacher_run_completes_then_resumes_with_a_working_teacher(prefect_
         assert calls and all(c["reused"] for c in calls)
     runs = sql(store, "SELECT status, reason FROM runs ORDER BY created_at").to_pylist()
     assert [r["status"] for r in runs] == ["running", "completed", "resumed", "failed", "resumed", "completed"]
-    assert runs[2]["reason"] == (f"resumed with changed refine.teacher: {down!r} -> {_openai(srv.url)!r}; "
-                                 "rounds: 2 -> 3")
+    assert runs[2]["reason"] == (f"resumed with changed rounds: 2 -> 3; teacher.model: {down!r} -> "
+                                 f"{_openai(srv.url)!r}")
     assert runs[4]["reason"] is None  # resumed with the config it last ran with
     # fields that decide landed data still refuse a resume, naming the field
     with pytest.raises(ValueError, match=r"differs in: rollout\.temperature\)"):
@@ -212,23 +214,23 @@ def test_resume_allows_fields_that_cannot_change_landed_data_and_records_them():
     before = load_config(sets=TINY, run_id="r").model_dump(mode="json")
     same = load_config(sets=TINY, run_id="r", store="/elsewhere")
     assert check_resume(same, before) is None  # where the store lives is not how the run runs
-    changed = load_config(sets=[*TINY, "model.batch_size=8", "refine.teacher_retries=5",
-                                "refine.teacher=openai:http://127.0.0.1:9#t"], run_id="r", rounds=4)
-    assert check_resume(changed, before) == ("resumed with changed model.batch_size: 64 -> 8; refine.teacher: "
-                                              "'policy' -> 'openai:http://127.0.0.1:9#t'; refine.teacher_retries: "
-                                              "3 -> 5; rounds: 2 -> 4")
-    for field in ("rollout.temperature=1.0", "refine.teacher_max_new_tokens=32", "model.policy=default"):
+    changed = load_config(sets=[*TINY, "model.batch_size=8", "teacher.retries=5",
+                                "teacher.model=openai:http://127.0.0.1:9#t"], run_id="r", rounds=4)
+    assert check_resume(changed, before) == ("resumed with changed model.batch_size: 64 -> 8; rounds: 2 -> 4; "
+                                              "teacher.model: 'policy' -> 'openai:http://127.0.0.1:9#t'; "
+                                              "teacher.retries: 3 -> 5")
+    for field in ("rollout.temperature=1.0", "teacher.max_new_tokens=32", "model.policy=default"):
         with pytest.raises(ValueError, match=rf"differs in: {field.split('=')[0]}\)"):
             check_resume(load_config(sets=[*TINY, field], run_id="r"), before)
 
 
 def test_resume_of_a_run_stored_before_a_field_existed():
-    """A stored config without a field added since (here refine.teacher_concurrency) is read with that
+    """A stored config without a field added since (here teacher.concurrency) is read with that
     field's default, so resuming with the same config is no change; a real change is still refused."""
     from flows.curriculum import check_resume
 
     before = load_config(sets=TINY, run_id="r").model_dump(mode="json")
-    del before["refine"]["teacher_concurrency"]
+    del before["teacher"]["concurrency"]
     assert check_resume(load_config(sets=TINY, run_id="r"), before) is None
     with pytest.raises(ValueError, match=r"differs in: rollout\.temperature\)"):
         check_resume(load_config(sets=[*TINY, "rollout.temperature=1.0"], run_id="r"), before)

@@ -8,7 +8,7 @@ import torch
 from conftest import round_ctx
 
 from tasks.core.advantages import group_advantages
-from tasks.core.grpo import Sequence, TrainConfig, grpo_token_terms, train_round
+from tasks.core.grpo import Sequence, TrainConfig, TrainPlan, grpo_token_terms, train_round
 
 
 def _example(lope=(False, False)):
@@ -82,7 +82,7 @@ def _learn(target_rewarded: bool, rounds: int = 2) -> list[float]:
             adv = group_advantages([float(x == target_rewarded) for x in h])
             if adv is not None:
                 seqs += [Sequence(p, c.token_ids, a) for c, a in zip(g, adv) if c.token_ids]
-        rows = train_round(backend.model, ref, seqs, [], CFG, backend.pad_id, seed=it, temperature=0.3)
+        rows = train_round(backend.model, ref, seqs, [], CFG, TrainPlan(temperature=0.3, pad_id=backend.pad_id, seed=it))
         assert len(rows) == -(-len(seqs) // CFG.rows_per_step)  # all groups constant: nothing to train, no step
         assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
     return shares
@@ -284,7 +284,7 @@ def test_first_step_ratio_kl_and_entropy_use_the_sampling_temperature(tiny_backe
         n = sum(len(c) for c in comps)
         return pg / n, kl / n, ent / n
 
-    (row,) = train_round(model, ref, seqs, [], cfg, b.pad_id, seed=0, temperature=t)
+    (row,) = train_round(model, ref, seqs, [], cfg, TrainPlan(temperature=t, pad_id=b.pad_id, seed=0))
     pg, kl, ent = expected(t)
     assert row["pg_loss"] == pytest.approx(pg, abs=1e-5)
     assert row["kl"] == pytest.approx(kl, rel=1e-4)
@@ -297,7 +297,7 @@ def test_first_step_ratio_kl_and_entropy_use_the_sampling_temperature(tiny_backe
 def test_train_round_requires_the_sampling_temperature(tiny_backend):
     """No silent default: every caller states the temperature its rollouts were sampled at."""
     with pytest.raises(TypeError, match="temperature"):
-        train_round(tiny_backend.model, None, [Sequence([1, 2], [3], 1.0)], [], CFG, tiny_backend.pad_id)
+        train_round(tiny_backend.model, None, [Sequence([1, 2], [3], 1.0)], [], CFG, TrainPlan(pad_id=tiny_backend.pad_id))
 
 
 def test_train_stage_trains_at_the_rollout_temperature(store, tiny_backend):

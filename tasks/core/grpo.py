@@ -5,8 +5,8 @@ so a worker that only has torch and transformers (a GPU box, a torchrun rank) ca
 Temperature: every log-prob that stands for the sampling distribution (the new and the recomputed old
 policy's in the ratio, the reference's in the KL, the behaviour prompt's in LoPE's ratio, and the entropy
 reported) is log_softmax(logits / T) at the temperature the rollouts were sampled at, as verl and TRL
-compute it (T = 0, greedy, means 1: models.backend.logprob_temperature). `train_round` takes T as a required
-keyword, so no caller trains at T = 1 on samples drawn at 0.7 by default. The SFT term on shaped traces stays
+compute it (T = 0, greedy, means 1: models.backend.logprob_temperature). `train_round`'s plan (`TrainPlan`,
+tasks/core/train_plan.py) requires T, so no caller trains at T = 1 on samples drawn at 0.7 by default. The SFT term on shaped traces stays
 at T = 1: it is plain maximum likelihood of traces that MCMC made likely under pi_ref at T = 1, not a
 ratio against a sampling distribution.
 
@@ -36,6 +36,7 @@ from models.training.recompute import lean_activations
 from tasks.core.lope import RATIO_FLOOR
 from tasks.core.passes import batched_logprobs, forward_passes, pad_rows
 from tasks.core.replay import replay_weights
+from tasks.core.train_plan import TrainPlan
 
 # k3 is unbounded where the policy has pushed a token far below the reference (exp(ref - logp)); one such
 # token gave a step KL of 127 and a gradient norm of 1607 in a real run. verl's "low_var_kl" clamps it at 10
@@ -133,7 +134,7 @@ def grpo_token_terms(logp, old_logp, ref_logp, adv, mask, lope, eps_low: float =
 
 
 def on_policy_or(rows: list[torch.Tensor | None], logp: torch.Tensor, device: str) -> torch.Tensor:
-    """`rows` padded to logp's width, a None row taken from `logp` itself, detached (train_round's
+    """`rows` padded to logp's width, a None row taken from `logp` itself, detached (TrainPlan's
     first_step_on_policy)."""
     t = logp.shape[1]
     known = pad_rows([r if r is not None else torch.zeros(0) for r in rows], t, device)
@@ -151,31 +152,18 @@ def _fused_adamw(params: list[torch.nn.Parameter]) -> bool:
 
 
 def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[], torch.nn.Module] | None,
-                seqs: list[Sequence],
-                sft: list[Sequence], cfg: TrainConfig, pad_id: int,
-                device: str = "cpu", dtype: str = "fp32", seed: int = 0, on_step=None, *,
-                temperature: float, reference_is_policy: bool = False,
-                first_step_on_policy: bool = True) -> list[dict]:
-    """One pass of GRPO (+ SFT) over `seqs` (and `sft`), `cfg.rows_per_step` sequences per optimizer step.
-    `temperature` is the one `seqs` were sampled at: the ratio, KL, LoPE ratio and entropy use
-    log_softmax(logits / temperature). Returns a stats row per step. The model is updated in place.
+                seqs: list[Sequence], sft: list[Sequence], cfg: TrainConfig, plan: TrainPlan) -> list[dict]:
+    """One pass of GRPO (+ SFT) over `seqs` (and `sft`), `cfg.rows_per_step` sequences per optimizer step, run
+    as `plan` says (device, dtype, seed, the rows' sampling temperature and the switches that spare forward
+    passes: tasks/core/train_plan.py). Returns a stats row per step. The model is updated in place.
     `ref_model` (the KL reference) may be a loader: it is then loaded only when the KL term is on, used for the
-    one reference pass before the first step, and released before the optimizer state exists.
-    `reference_is_policy`: the KL reference is `model` as it starts (round 0, where the policy is the base):
-    `ref_model` is ignored and no reference is loaded. A row sampled under its own prompt takes its reference
-    log-probs from the old pass, which ran the same weights over the same tokens; only LoPE rows, whose old pass
-    ran their behaviour prompt, get a reference pass of their own (under their plain prompt).
-    `first_step_on_policy`: the first optimizer step's rows take their old log-probs (and, with
-    `reference_is_policy`, their reference log-probs) from that step's own training forward, detached: no
-    update has happened yet, so the weights are those the old pass would run (its ratio is exactly 1, as
-    on-policy GRPO's first step is). Only LoPE rows, whose old log-probs are under another prompt, still get an
-    old pass. It spares 1/n_steps of the old pass; false: every row gets one (the same loss and gradients to
-    float tolerance: tests/test_grpo_first_step.py)."""
+    one reference pass before the first step, and released before the optimizer state exists."""
+    pad_id, device, dtype, temperature = plan.pad_id, plan.device, plan.dtype, plan.temperature
     logprob_temperature(temperature)  # a bad temperature fails here, before any forward pass
     if not seqs and not (sft and cfg.sft_weight > 0):
         return []
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
+    torch.manual_seed(plan.seed)
+    rng = random.Random(plan.seed)
     micro = cfg.micro_batch
     max_tokens = cfg.micro_tokens
     model.eval()
@@ -188,7 +176,7 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
             first.setdefault(tuple(seqs[i].prompt_ids), k)
         order.sort(key=lambda i: first[tuple(seqs[i].prompt_ids)])
     # rows whose old log-probs the first step's forward gives (None below: filled in by on_policy_or)
-    current = {i for i in order[: cfg.rows_per_step] if seqs[i].behaviour_ids is None} if first_step_on_policy else set()
+    current = {i for i in order[: cfg.rows_per_step] if seqs[i].behaviour_ids is None} if plan.first_step_on_policy else set()
     # old log-probs under the prompt each row was sampled with (a LoPE row's behaviour prompt, its own prefix):
     # the sampler's where the row carries them, else an old pass
     old: list[torch.Tensor | None] = [None] * len(seqs)
@@ -205,7 +193,7 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                                                 max_tokens, temperature, shared)):
             old[i] = lp
     ref = None
-    if reference_is_policy and cfg.kl_coef > 0 and seqs:
+    if plan.reference_is_policy and cfg.kl_coef > 0 and seqs:
         ref = list(old)  # a row of the first step takes the step's own forward, as for its old log-probs
         lope = [i for i, s in enumerate(seqs) if s.behaviour_ids is not None]
         if lope:
@@ -290,8 +278,8 @@ def train_round(model: torch.nn.Module, ref_model: torch.nn.Module | Callable[[]
                          "n_tokens": tokens + sum(len(sft[i].completion_ids) for i in sft_chunk),
                          "seconds": time.perf_counter() - t0,
                          "replay_share": replayed / len(chunk) if chunk and cfg.replay_share > 0 else None})
-            if on_step:
-                on_step(rows[-1])
+            if plan.on_step:
+                plan.on_step(rows[-1])
     model.eval()
     return rows
 

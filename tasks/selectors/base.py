@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
 import numpy as np
 import polars as pl
 
-if TYPE_CHECKING:  # tasks/stage.py imports this folder (embed.py): types only, no import at run time
+if TYPE_CHECKING:  # embed.py imports tasks/stage.py: types only, no import at run time
     from storage.store import Store
     from tasks.stage import RoundContext
 

@@ -29,6 +29,7 @@ from models.backend import Backend
 from storage.query import scan
 from storage.store import Store
 from tasks.core.ids import digest
+from tasks.stage import at_stage_end
 
 EMBEDDERS = ("minilm", "policy", "hashing")
 
@@ -49,10 +50,11 @@ def _minilm():
     return AutoTokenizer.from_pretrained(path), AutoModel.from_pretrained(path).eval()
 
 
+@at_stage_end
 def release_embedder() -> None:
     """Drop the loaded MiniLM (about 0.1 GiB with its buffers): every stage calls this when it ends
-    (tasks/stage.py), so the embedder lives for the stage that embeds (select, refine's rewrite gate) and is not
-    resident through collect and training."""
+    (registered with tasks/stage.py `at_stage_end`), so the embedder lives for the stage that embeds (select,
+    refine's rewrite gate) and is not resident through collect and training."""
     _minilm.cache_clear()
 
 

@@ -20,6 +20,9 @@ Choices, and why:
   a killed attempt of it, or another run on the store generated it, so a resumed stage and an arm that
   shares the store's cache count what an uninterrupted, lone run counts. An endpoint's answers carry no
   token ids and count 0 tokens (a call and a completion each).
+- `TeacherConfig` (the config's `[teacher]` section) is here, beside the calls it tunes, because two stages ask
+  the same teacher: refine and shape both read it. Its fields were `refine.teacher*` before; a stored or given
+  config with those keys is read with them moved here (flows/config.py `renamed`, from `renamed_from`).
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import polars as pl
 import pyarrow as pa
+from pydantic import Field
 
 from models.backend import Backend, Sampling
+from models.config import Section
 from models.meter import meter_counts
 from storage.query import scan
 from storage.store import Store
@@ -41,6 +46,34 @@ from tasks.core.ids import KEY_HEX, digest, seed_of
 LAND_EVERY_S = 2.0  # answers that returned within this long land as one commit: a commit per answer would
                    # cost a Parquet file and a commit record each, for no safety a crash could notice
 SEED_HEX = 7  # hex digits of a call key's digest that seed its answer
+
+
+class TeacherConfig(Section):
+    """The teacher that refine (teacher_scaffold rewrites, distractors) and shape (reference traces) ask, and how
+    it is reached (docs/algorithms.md §3.3)."""
+
+    renamed_from: ClassVar[dict] = {  # where each field lived before this section: old configs are read so
+        "model": "refine.teacher", "max_new_tokens": "refine.teacher_max_new_tokens",
+        "temperature": "refine.teacher_temperature", "timeout_s": "refine.teacher_timeout_s",
+        "retries": "refine.teacher_retries", "backoff_s": "refine.teacher_backoff_s",
+        "concurrency": "refine.teacher_concurrency"}
+
+    model: str = Field("policy", description="'policy', `openai:<base url>#<model>`, or a model spec")
+    max_new_tokens: int = Field(128, ge=8, le=4096, description="longest teacher answer, in tokens")
+    temperature: float = Field(0.7, ge=0.0, le=2.0, description="the teacher's sampling temperature")
+    timeout_s: float = Field(60.0, gt=0.0, le=3600.0, description="openai teacher: seconds to connect and to wait "
+                             "for each reply's bytes, per request; also caps a 429's Retry-After")
+    retries: int = Field(3, ge=0, le=20, description="openai teacher: retries of a request after a connection "
+                         "error, timeout, 429 or 5xx; then that prompt falls back ('teacher unavailable: ...' in "
+                         "refinements) and the round goes on")
+    backoff_s: float = Field(1.0, ge=0.0, le=600.0, description="openai teacher: wait before the first retry, "
+                             "doubled for each next one (a 429's Retry-After replaces it)")
+    concurrency: int = Field(4, ge=1, le=256, description="openai teacher: requests in flight at once")
+
+    @property
+    def is_policy(self) -> bool:
+        """Is the teacher the run's own policy?"""
+        return self.model == "policy"
 
 
 @runtime_checkable
