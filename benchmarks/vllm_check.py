@@ -1,6 +1,10 @@
 """vLLM checks for benchmarks/gpu_check.py (`--vllm`): the vllm backend against the trainer and raw vLLM.
 
-Each part runs in its own process (`--part`), since a process holds one vLLM engine on the GPU.
+Each part runs in its own process (`--part`), since a process holds one vLLM engine on the GPU. Without CUDA
+(vLLM's CPU build, `make test-vllm`'s .venv-vllm) the parts run on the CPU, with two limits: --tiny must name a
+model with a head size vLLM's CPU kernels take (32 or more; the registry's tiny-random has 16, so `flow` needs
+`--tiny`'s model, not tiny-random), and there is no sleep mode, so no memory freed by sleep is reported.
+tests/test_vllm_cpu.py runs the correctness checks and the flow on CPU as tests.
 `correctness` (the tiny random model, fp32 in vLLM and in the trainer):
 - log-probs: each sampled token's log-prob as vLLM reports it (T = 0.7, processed log-probs) against the
   trainer's log_softmax(logits / T) over the same ids, and `score_ids` (prompt log-probs over the exact ids)
@@ -42,7 +46,7 @@ import torch  # noqa: E402
 
 from models.backend import Sampling  # noqa: E402
 
-DEV = "cuda"
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # vllm-cpu: the module docstring
 
 
 def diffs(xs: list[list[float]], ys: list[list[float]]) -> dict:
@@ -66,7 +70,7 @@ def correctness(tiny: str) -> dict:
 
     from models.hf.backend import TransformersBackend
     from models.vllm_backend import VLLMBackend
-    from tasks.core.grpo import train_round
+    from tasks.core.grpo import TrainPlan, train_round
 
     out = {}
     v = VLLMBackend(tiny, dtype="fp32")
@@ -90,8 +94,7 @@ def correctness(tiny: str) -> dict:
 
     def update(seqs, it):
         current["policy"].engine.sleep()  # the trainer has the GPU while the engine sleeps
-        train_round(model, ref, seqs, [], gpu_check.FIXED_TOKEN_TRAIN, hf.pad_id, DEV, "fp32", seed=it,
-                    temperature=0.3)
+        train_round(model, ref, seqs, [], gpu_check.FIXED_TOKEN_TRAIN, TrainPlan(0.3, hf.pad_id, DEV, "fp32", seed=it))
         path = os.path.join(tmp, f"v{it + 1}")
         model.save_pretrained(path, safe_serialization=True)
         v.tokenizer.save_pretrained(path)
@@ -110,9 +113,10 @@ def correctness(tiny: str) -> dict:
     mine = policy.score_ids(probe_p, probe_c)
     out["reloaded_scores_vs_new_checkpoint"] = diffs(mine, new_hf.score_ids(probe_p, probe_c))
     out["reloaded_scores_vs_old_checkpoint"] = diffs(mine, hf.score_ids(probe_p, probe_c))
-    free_awake = torch.cuda.mem_get_info()[0]
-    policy.engine.sleep()
-    out["gpu_gib_freed_by_sleep"] = (torch.cuda.mem_get_info()[0] - free_awake) / 2**30
+    if DEV == "cuda":
+        free_awake = torch.cuda.mem_get_info()[0]
+        policy.engine.sleep()
+        out["gpu_gib_freed_by_sleep"] = (torch.cuda.mem_get_info()[0] - free_awake) / 2**30
     out["after_sleep_and_wake_vs_new_checkpoint"] = diffs(policy.score_ids(probe_p, probe_c),
                                                           new_hf.score_ids(probe_p, probe_c))
 
@@ -147,8 +151,10 @@ def flow(tiny: str) -> dict:
     from storage.store import Store
 
     root = tempfile.mkdtemp(prefix="vllm-flow-")
-    sets = ["model.policy=tiny-random", "model.backend=vllm", "model.device=cuda", "model.dtype=fp32",
+    sets = [f"model.policy={tiny}", "model.backend=vllm", f"model.device={DEV}", "model.dtype=fp32",
             "rollout.max_new_tokens=8", "rollout.group_size=4", "select.embedder=hashing", "select.batch_size=6",
+            # as tests/test_curriculum.py's TINY: with the defaults of these two this flow collected no rollout on vllm-cpu
+            "rollout.screen_samples=0", "rollout.include_reserve=true",
             "shape.enabled=true", 'pool.sources=[{"source": "rg:products", "size": 8, "params": {"max_digits": 1}}]']
     t0 = time.time()
     out = curriculum(load_config(sets=sets, run_id="vllm", store=root, rounds=2))

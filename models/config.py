@@ -31,7 +31,7 @@ class ModelConfig(Section):
     batch_size: int = Field(64, ge=1, le=4096, description="sequences decoded together")
     kv_cache_gib: float = Field(1.0, gt=0, le=4096, description="transformers backend: fewer rows decode together "
                                 "when their KV cache would pass this many GiB (long prompts); a prompt's samples "
-                                "are always admitted together")
+                                "are always admitted together; vllm backend on CPU: the engine's KV cache size")
 
     @field_validator("policy")
     @classmethod

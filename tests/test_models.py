@@ -18,7 +18,7 @@ def test_specs_resolve_or_name_the_problem(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
 def test_vllm_backend_without_vllm_says_what_to_do():
-    with pytest.raises(ImportError, match="CUDA-only.*gpu"):
+    with pytest.raises(ImportError, match=r"needs vLLM.*\[gpu\].*make test-vllm"):
         load_backend("tiny-random", backend="vllm")
 
 
