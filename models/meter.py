@@ -1,8 +1,8 @@
 """Counting generated tokens, by purpose, for compute-matched comparisons (docs/algorithms.md, budget).
 
 Every place that asks a backend to generate calls `record(purpose, groups)` with what came back: `rollout`
-(collect's groups, DAPO's discarded ones included), `lope` (LoPE's resamples), `mcmc` (shaping's proposals),
-`eval` and `rescore`; `teacher` counts every answer refine and shape use, fresh or from the store's teacher
+(collect's groups, DAPO's discarded ones and screening's top-ups included), `screen` (screening's first
+samples), `lope` (LoPE's resamples), `mcmc` (shaping's proposals), `eval` and `rescore`; `teacher` counts every answer refine and shape use, fresh or from the store's teacher
 cache, by the tokens stored with it (tasks/strategies/teacher_calls.py, `meter_counts`). A completion counts
 the token ids its backend reports (`Completion.n_tokens`), never the prompt. `metering()` opens a scope (a
 context variable, so a stage's meter sees only its own calls, in the thread the stage runs in); outside any
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-PURPOSES = ("rollout", "lope", "teacher", "mcmc", "eval", "rescore")
+PURPOSES = ("rollout", "screen", "lope", "teacher", "mcmc", "eval", "rescore")
 
 
 @dataclass

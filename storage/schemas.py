@@ -82,14 +82,14 @@ TABLES: dict[str, pa.Schema] = {
         _f("stratum", pa.string(), True),
     ]),
     "rollouts": pa.schema(_ROLLOUT_FIELDS),
-    # DAPO dynamic sampling's discards (tasks/core/dapo.py; selector dapo_filter): groups generated in the round but
-    # not kept. The columns of `rollouts` plus the generation batch and why the group was dropped, so the
+    # DAPO dynamic sampling's and screening's discards (tasks/core/dapo.py, tasks/core/screening.py): groups
+    # generated in the round but not kept. The columns of `rollouts` plus the generation batch and why the group was dropped, so the
     # spend is one query (`SELECT round, count(*), sum(n_tokens) FROM discarded_rollouts WHERE run_id = ...`).
     # Nothing reads them back as the round's rollouts: no score, no training, no pool move.
     "discarded_rollouts": pa.schema([
         *_ROLLOUT_FIELDS[:4],
         _f("gen_batch", pa.int32()),  # 0-based generation batch of the round (0: the select stage's draw)
-        _f("reason", pa.string()),  # zero_variance | surplus (varied, but the batch was already full)
+        _f("reason", pa.string()),  # zero_variance | surplus (varied, but the batch was already full) | screened_out
         *_ROLLOUT_FIELDS[4:],
     ]),
     "prompt_scores": pa.schema([
@@ -199,6 +199,10 @@ TABLES: dict[str, pa.Schema] = {
         # (evaluation excluded); null: evaluated every round, `refinery eval`, or older rows
         _f("milestone", pa.int64(), True),
         _f("generated_tokens", pa.int64(), True),
+        # a greedy held-out evaluation's digest of what it computed (tasks/evaluate.py `plan_key`), and the run
+        # whose rows it copied instead of generating them (storage/evals.py); null otherwise and in older rows
+        _f("plan_key", pa.string(), True),
+        _f("reused_from", pa.string(), True),
     ]),
     "eval_results": pa.schema([  # one row per (evaluation, prompt): what bootstrap intervals resample
         _f("run_id", pa.string()),

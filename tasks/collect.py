@@ -4,6 +4,12 @@ Each prompt is the question plus the configured instruction, rendered with the m
 optionally after few-shot demonstrations (tasks/core/fewshot.py, recorded in `augmentation`). All-fail groups
 are then resampled under Lorem-Ipsum prefixes (tasks/core/lope.py), and correct resamples replace up to G - 1
 failures, also recorded in `augmentation`.
+By default the round screens, then tops up (tasks/sampling/screening.py, tasks/core/screening.py): each
+selected prompt gets `screen_samples` samples first, and only a mixed screen, or a unanimous one the pass-rate
+posterior still finds likely informative, is completed to G; the screened-out prompts' samples land in
+`discarded_rollouts` and the tokens they freed go to refills from the round's further candidates, ordered by a
+Thompson prediction. With `screen_samples = 0` (and for runs stored before it existed) every prompt gets its G
+samples at once.
 With a selector that `generates` (tasks/selectors/base.py; dapo_filter) the round over-samples instead (DAPO
 dynamic sampling, tasks/core/dapo.py, driven by tasks/sampling/dynamic.py): groups are generated batch by batch
 until B of them have reward variance; only those land as `rollouts`, every other group generated lands in
@@ -16,17 +22,17 @@ from __future__ import annotations
 
 import time
 
-from models.backend import Sampling
 from models.sharded import load_generator
 from storage.store import Store
 from tasks.core.lope import Rescue, is_lope_replaced, lope_rescue
 from tasks.core.rewards import RewardConfig, Verdict
-from tasks.core.seeds import round_seed
 from tasks.core.verdicts import verify_row
 from tasks.reporting.progress import report_timeouts, sig4
 from tasks.sampling.demonstrations import demonstrations
 from tasks.sampling.dynamic import dynamic_round
 from tasks.sampling.rollouts import RolloutConfig, rollout_table, round_prompts, sample
+from tasks.sampling.screening import screened_round, screening_applies
+from tasks.sampling.verified import config_sampling
 from tasks.select import SelectConfig
 from tasks.selectors import selector
 from tasks.stage import RoundContext, stage
@@ -35,19 +41,22 @@ from tasks.stage import RoundContext, stage
 @stage("collect")
 def collect_task(ctx: RoundContext, store: Store, cfg: RolloutConfig, reward_cfg: RewardConfig,
                  select_cfg: SelectConfig, use_selection: bool = False) -> dict:
-    """Generate, verify and land the round's rollouts. Returns a small summary. With a selector that
-    `generates` (dapo_filter), DAPO dynamic sampling decides which groups are the round's rollouts
-    (tasks/sampling/dynamic.py)."""
+    """Generate, verify and land the round's rollouts. Returns a small summary. Screening then top-up
+    (tasks/sampling/screening.py), or with a selector that `generates` (dapo_filter) DAPO dynamic sampling
+    (tasks/sampling/dynamic.py), decides which groups are the round's rollouts."""
     prompts = round_prompts(store, ctx.run_id, ctx.round, use_selection, cfg.include_reserve)
     if prompts.height == 0:
         raise ValueError(f"run {ctx.run_id} round {ctx.round}: the pool has no prompt to collect for")
     backend = load_generator(ctx.model, ctx.scale)  # sharded over Ray workers if [scale] says so
     demos = demonstrations(store, ctx.run_id, ctx.round) if cfg.fewshot_k else None
-    sampling = Sampling(cfg.temperature, cfg.top_p, cfg.max_new_tokens, seed=round_seed(cfg.seed, ctx.round))
-    dapo, landed_too = None, {}
+    sampling = config_sampling(cfg, ctx.round)
+    dapo, screening, landed_too = None, None, {}
     if selector(select_cfg.selector).generates:
         got, dapo, landed_too = dynamic_round(store, ctx, prompts, backend, demos, cfg, reward_cfg, select_cfg,
                                               sampling)
+    elif use_selection and screening_applies(cfg, select_cfg.selector):
+        got, screening, landed_too = screened_round(store, ctx, prompts, backend, demos, cfg, reward_cfg,
+                                                    select_cfg, sampling)
     else:
         # n_tokens: the sampling pass's own tokens (LoPE reported apart)
         got = sample(backend, prompts, demos, ctx, cfg, reward_cfg, sampling, f"round {ctx.round}: rollouts")
@@ -85,4 +94,5 @@ def collect_task(ctx: RoundContext, store: Store, cfg: RolloutConfig, reward_cfg
             "verify_timeouts": timeouts,
             "lope": {"groups": rescue.groups, "rescued": rescue.rescued, "replaced": rescue.replaced,
                      "resamples": rescue.resamples, "seconds": sig4(rescue.seconds)},
-            **({"dapo": dapo} if dapo is not None else {})}
+            **({"dapo": dapo} if dapo is not None else {}),
+            **({"screening": screening} if screening is not None else {})}

@@ -25,10 +25,21 @@ a milestone's training and its evaluation evaluates it on resume (the stage has 
 A run stored before these fields existed ran 'sampled' after every round: `EvalConfig.absent_means` gives a
 stored config without them those values (flows/config.py `stored_base`), so resuming it does not switch.
 
+Reuse (`reuse_base`, greedy only): the base model's held-out evaluation is the same computation in every run of
+a store with the same model section, prompts, instruction, longest completion and verifier (its `plan_key`);
+a run copies the rows of the first run that landed it (`evals.reused_from`) and generates nothing for it
+(storage/evals.py). A stored config without the field does not reuse.
+
 Each evaluation lands one `evals` row (the means) and one `eval_results` row per prompt (samples, correct
 ones, generated tokens), so intervals can resample prompts and tokens per correct answer can be counted. The
 split is `heldout` for the run's own held-out prompts, `dataset:<name>` for a prompt file evaluated with
 `refinery eval --dataset` (flows/evaluate.py).
+
+One stage serves both callers (`evaluate_task`): the curriculum's evaluation of a round lands as `evaluate`;
+`refinery eval` of one checkpoint (a `split` given) as `eval-v<version>` or `eval-v<version>-<name>-<digest>`
+(`checkpoint_stage`), a name the stage contract computes from the call (tasks/stage.py), so a landed one is
+skipped. Only the round's evaluation counts its tokens into the run's `generated_tokens` (models/meter.py).
+Sampling is the shared generate-and-verify pass (tasks/sampling/verified.py).
 
 A version's held-out numbers land once: the curriculum's evaluate stage and `refinery eval` both report the
 rows that landed already (under any stage) instead of sampling that version again. The run's config and seeds
@@ -45,22 +56,20 @@ import polars as pl
 import pyarrow as pa
 from pydantic import Field
 
-from models.backend import Sampling
 from models.config import Section
-from models.meter import record
 from models.registry import release_model
 from models.sharded import load_generator
+from storage.evals import reusable_evaluation
 from storage.query import scan
 from storage.rounds import prompts, this_round
 from storage.schemas import schema
 from storage.store import Store
-from tasks.core.fewshot import ask
 from tasks.core.heldout import pass_at_k
+from tasks.core.ids import digest
 from tasks.core.rewards import RewardConfig
-from tasks.core.seeds import round_seed, row_seeds
-from tasks.core.verdicts import verdicts
 from tasks.reporting.progress import report_timeouts, sig4
 from tasks.sampling.rollouts import RolloutConfig
+from tasks.sampling.verified import config_sampling, generate_verified, plain_messages
 from tasks.stage import RoundContext, stage
 
 
@@ -85,9 +94,13 @@ class EvalConfig(Section):
                                "(decoding 'sampled')")
     seed: int = Field(0, ge=0, description="evaluation sampling seed (version v samples with seed * 1000 + v); "
                       "also picks the held-out prompts")
+    reuse_base: bool = Field(True, description="greedy decoding: copy the base model's held-out evaluation "
+                             "from another run of the store that computed the same one, instead of generating "
+                             "it again (storage/evals.py)")
 
     # what a stored config without these fields ran with (flows/config.py `stored_base` fills them in)
-    absent_means: ClassVar[dict] = {"decoding": "sampled", "milestone_tokens": 0, "heldout_split": "flat"}
+    absent_means: ClassVar[dict] = {"decoding": "sampled", "milestone_tokens": 0, "heldout_split": "flat",
+                                    "reuse_base": False}
 
     def plan(self) -> tuple[int, int, float]:
         """(samples per prompt, k, temperature) of this decoding."""
@@ -151,27 +164,31 @@ def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int,
     n, k, temperature = cfg.plan()
     for version, spec in versions:
         model = ctx.model.model_copy(update={"policy": spec})
-        backend = load_generator(model, ctx.scale)
-        rendered = [backend.render([ask(t, rollout_cfg.instruction)]) for t in prompts["text"]]
-        sampling = Sampling(temperature, 1.0, rollout_cfg.max_new_tokens, round_seed(cfg.seed, version))
-        groups = record("eval", backend.generate(rendered, n, sampling,
-                                                 row_seeds=row_seeds(sampling.seed, prompts["prompt_id"].to_list())))
-        p1, pk = [], []
-        for pid, group, checked in zip(prompts["prompt_id"], groups, verdicts(prompts, groups, reward_cfg)):
-            c = sum(v.correct for v in checked)
-            timeouts += sum(v.timed_out for v in checked)
-            p1.append(c / len(group))
-            pk.append(pass_at_k(len(group), c, k))
-            per_prompt.append({"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": split,
-                               "prompt_id": pid, "n_samples": len(group), "n_correct": c,
-                               "n_tokens": sum(s.n_tokens for s in group)})
+        key = (plan_key(model.model_dump_json(), rollout_cfg, reward_cfg, prompts)
+               if version == 0 and split == "heldout" and cfg.decoding == "greedy" else None)
+        reused = reusable_evaluation(store, key, ctx.run_id) if key and cfg.reuse_base else None
+        if reused is None:
+            backend = load_generator(model, ctx.scale)
+            got = generate_verified(backend, prompts, plain_messages(prompts, rollout_cfg.instruction), n,
+                                    config_sampling(rollout_cfg, version, seed=cfg.seed, temperature=temperature,
+                                                    top_p=1.0), reward_cfg, "eval")
+            timeouts += got.timeouts
+            results = [(pid, len(g), sum(v.correct for v in vs), sum(c.n_tokens for c in g))
+                       for pid, g, vs in zip(prompts["prompt_id"], got.groups, got.checked)]
+            if spec != versions[-1][1]:  # the last version is the one the next round samples: only it stays loaded
+                del backend
+                release_model(model)
+        else:
+            results = list(reused[1].select("prompt_id", "n_samples", "n_correct", "n_tokens").iter_rows())
+        per_prompt += [{"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": split,
+                        "prompt_id": pid, "n_samples": m, "n_correct": c, "n_tokens": t} for pid, m, c, t in results]
+        p1 = [c / m for _, m, c, _ in results]
+        pk = [pass_at_k(m, c, k) for _, m, c, _ in results]
         rows.append({"run_id": ctx.run_id, "round": ctx.round, "policy_version": version, "split": split,
                      "n_prompts": prompts.height, "k": k, "pass_at_1": sum(p1) / len(p1),
                      "pass_at_k": sum(pk) / len(pk), "milestone": (at or {}).get(version, (None, None))[0],
-                     "generated_tokens": (at or {}).get(version, (None, None))[1]})
-        if spec != versions[-1][1]:  # the last version is the one the next round samples: only it stays loaded
-            del backend
-            release_model(model)
+                     "generated_tokens": (at or {}).get(version, (None, None))[1], "plan_key": key,
+                     "reused_from": reused[0] if reused else None})
     store.commit(stage, {"evals": pa.Table.from_pylist(rows, schema=schema("evals")),
                          "eval_results": pa.Table.from_pylist(per_prompt, schema=schema("eval_results"))},
                  run_id=ctx.run_id, round=ctx.round)
@@ -180,13 +197,51 @@ def evaluate_versions(store: Store, ctx: RoundContext, versions: list[tuple[int,
             "versions": {r["policy_version"]: summary_numbers(r) for r in rows}}
 
 
-@stage("evaluate")
+def plan_key(model_json: str, rollout_cfg: RolloutConfig, reward_cfg: RewardConfig, prompts: pl.DataFrame) -> str:
+    """A digest of what a greedy evaluation computes: the model section (policy spec, backend, dtype), the
+    instruction and longest completion, the verifier's settings and the prompts (ids name their text and
+    answer). Two runs with one key land the same rows (storage/evals.py)."""
+    parts = [model_json, rollout_cfg.instruction, str(rollout_cfg.max_new_tokens), reward_cfg.model_dump_json(),
+             *sorted(prompts["prompt_id"].to_list())]
+    return digest(chr(31).join(parts))
+
+
+def checkpoint_stage(version: int, split: str, prompts: pl.DataFrame | None = None) -> str:
+    """The commit of `refinery eval` of one checkpoint: `eval-v<version>` on the held-out split,
+    `eval-v<version>-<name>-<digest of its prompt ids>` on split `dataset:<name>` (flows/evaluate.py)."""
+    if split == "heldout":
+        return f"eval-v{version}"
+    ids = sorted(set(prompts["prompt_id"])) if prompts is not None else []
+    return f"eval-v{version}-{split.removeprefix('dataset:')}-{digest(chr(31).join(ids))[:8]}"
+
+
+def evaluation_stage(ctx: RoundContext, versions: list[tuple[int, str]], split: str | None = None,
+                     prompts: pl.DataFrame | None = None, **_) -> str:
+    """The commit of an evaluation: `evaluate`, a round's own (no `split`), else `checkpoint_stage`."""
+    return "evaluate" if split is None else checkpoint_stage(versions[0][0], split, prompts)
+
+
+# `refinery eval` (a split given) stays out of the run's generated_tokens (its budget), as it always has
+@stage(evaluation_stage, metered=lambda split=None, **_: split is None)
 def evaluate_task(ctx: RoundContext, store: Store, versions: list[tuple[int, str]], cfg: EvalConfig,
                   rollout_cfg: RolloutConfig, reward_cfg: RewardConfig,
-                  at: dict[int, tuple[int | None, int | None]] | None = None) -> dict:
+                  at: dict[int, tuple[int | None, int | None]] | None = None, split: str | None = None,
+                  prompts: pl.DataFrame | None = None) -> dict:
     """The held-out evaluation of the round's new checkpoint (and, in round 0, the base model); `at`: each
     version's (milestone, generated tokens before it). A version whose held-out numbers landed already is
-    reported, not sampled again (the stage lands what is new: maybe nothing)."""
+    reported, not sampled again (the stage lands what is new: maybe nothing).
+
+    With `split` (`heldout`, or `dataset:<name>` with its `prompts`), `refinery eval` of one checkpoint
+    (versions = [(version, its stored path)]) as stage `checkpoint_stage`: held-out numbers that landed
+    already (under any stage) are reported by the flow, and nothing lands."""
+    if split is not None:
+        (version, path), = versions
+        if split == "heldout" and landed_heldout(store, ctx.run_id, [version]):
+            return {"skipped": "held-out numbers landed already"}
+        from models.checkpoints import local_copy
+
+        return evaluate_versions(store, ctx, [(version, local_copy(store, path))], cfg, rollout_cfg, reward_cfg,
+                                 stage=checkpoint_stage(version, split, prompts), prompts=prompts, split=split)
     landed = landed_heldout(store, ctx.run_id, [v for v, _ in versions])
     out = evaluate_versions(store, ctx, [(v, spec) for v, spec in versions if v not in landed], cfg, rollout_cfg,
                             reward_cfg, at=at)

@@ -49,7 +49,8 @@ def measures(store: Store, run_id: str, before: int) -> dict[str, dict[int, Meas
     accepted = dict(_runs(store, "refinements", run_id, before).filter(pl.col("accepted"))
                     .group_by("round").len().collect().iter_rows())
     rows = {"rollout": informative, "lope": rescued, "shape": shaped, "refine": accepted}
-    cost = {"rollout": spent("collect", ("rollout",)), **{c: spent(*STAGE_OF[c]) for c in STAGE_OF}}
+    # the baseline pays for every collect token that made its groups: screening samples (`screen`) and top-ups
+    cost = {"rollout": spent("collect", ("rollout", "screen")), **{c: spent(*STAGE_OF[c]) for c in STAGE_OF}}
     return {c: {r: Measure(r, int(cost[c].get(r, 0)), float(rows[c].get(r, 0))) for r in range(before)}
             for c in rows}
 

@@ -5,6 +5,11 @@ so concurrent ingests of overlapping sources both succeed and leave no duplicate
 with pyarrow and their text checked: a data file whose footer reads (storage/integrity.py checks footers) but
 whose `prompt_id` pages hold junk is named as corrupt in one line, where polars raised a ComputeError naming
 no file (or panicked), and ids that do not decode are never compared as if they were ids.
+
+Ingest is a Prefect task but not a round stage (tasks/stage.py): it belongs to no run or round, its commit is
+named by the prompts it adds (known only under the lock, so there is no record to check before it runs: an
+ingest whose rows all landed already adds nothing instead), it generates nothing, and it claims no share of
+the cores for torch (the stage skeleton would import torch and count the ingest as a torch process).
 """
 
 from __future__ import annotations
@@ -61,10 +66,12 @@ def load_source(
     params: dict | None = None,
     source_name: str | None = None,
     limits: Limits | None = None,
+    rg_solutions: bool = True,
 ) -> tuple[list[SourceRow], list[BadRow]]:
-    """Rows from `rg:<task>` or a .jsonl/.parquet path, with the bad ones reported separately."""
+    """Rows from `rg:<task>` (with worked solutions where `rg_solutions` and one can be written) or a
+    .jsonl/.parquet path, with the bad ones reported separately."""
     if source.startswith("rg:"):
-        return rg_rows(source[3:], size, seed, params or {}), []
+        return rg_rows(source[3:], size, seed, params or {}, rg_solutions), []
     if params:
         raise ValueError("--param only applies to rg: sources")
     return file_rows(source, source_name, limits or Limits())

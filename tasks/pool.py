@@ -12,7 +12,7 @@ too_hard, so its original moves to reserve rather than staying active on its rep
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import polars as pl
 from pydantic import Field, field_validator
@@ -54,6 +54,12 @@ class PoolConfig(Section):
                                       description="where the run's prompts come from (at least one)",
                                       json_schema_extra={"minItems": 1})
     seed: int = Field(0, ge=0, description="generator seed for rg: sources")
+    rg_solutions: bool = Field(True, description="rg: prompts carry a worked reference solution where "
+                               "tasks/core/worked_solutions.py can write one (products, basic_arithmetic, "
+                               "chain_sum, gcd, lcm): it enables hint_prefix and reference-started shaping")
+
+    # a run stored before rg_solutions existed landed its rg: prompts without solutions (flows/config.py)
+    absent_means: ClassVar[dict] = {"rg_solutions": False}
 
     @field_validator("sources")
     @classmethod
@@ -71,7 +77,7 @@ def initial_pool(store: Store, run_id: str, cfg: PoolConfig, heldout_fraction: f
     strata: dict[str, str] = {}  # prompt_id -> stratum
     keys: dict[str, str] = {}  # prompt_id -> twin key
     for spec in cfg.sources:
-        rows, bad = load_source(spec.source, spec.size, cfg.seed, dict(spec.params))
+        rows, bad = load_source(spec.source, spec.size, cfg.seed, dict(spec.params), rg_solutions=cfg.rg_solutions)
         if bad:
             raise ValueError(f"pool source {spec.source}: {len(bad)} bad row(s), e.g. {bad[0]}")
         commit_prompts(store, rows)

@@ -48,9 +48,10 @@ class SelectConfig(Section):
         "minilm", description="kmeans embeddings: minilm (packaged all-MiniLM-L6-v2), policy (the policy's "
         "mean hidden state) or hashing (hashed word n-grams, no model)")
     seed: int = Field(0, ge=0, description="selection seed; round r uses seed * 1000 + r (tasks/core/seeds.py)")
-    dapo_oversample: float = Field(3.0, ge=1.0, le=100.0, description="dapo_filter: a generation batch draws "
-                                   "ceil(this * the groups still missing) prompts, the first ceil(this * B) "
-                                   "(DAPO's recipe: 3)")
+    dapo_oversample: float = Field(3.0, ge=1.0, le=100.0, description="dapo_filter: round 0's over-sampling "
+                                   "factor (a generation batch draws ceil(factor * the groups still missing) "
+                                   "prompts, the first ceil(factor * B); later rounds use 1 / last round's "
+                                   "informative ratio, capped at 3; DAPO's recipe: 3)")
     dapo_max_batches: int = Field(10, ge=1, le=1000, description="dapo_filter: generation batches per round at "
                                   "most, the first included; a batch still short then trains on fewer than B "
                                   "groups, and the round's summary says so")

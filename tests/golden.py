@@ -32,6 +32,8 @@ RUNS = {
         "shape.teacher_traces=false", "shape.steps=6", "shape.max_traces=4", "shape.max_new_tokens=32",
         "train.lr=1e-3", "eval.n_samples=4", "eval.k=2", "governor.enabled=false",
         "eval.decoding=sampled", "eval.milestone_tokens=0", "eval.heldout_split=flat",  # as the stores were written
+        "pool.rg_solutions=false",  # as the stores were written
+        "rollout.screen_samples=0",  # as the stores were written (G samples at once)
         'pool.sources=[{"source": "rg:products", "size": 6, "params": {"max_digits": 1}}, '
         '{"source": "rg:chain_sum", "size": 6, "params": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}, '
         f'{{"source": "{UNSOLVED}"}}]']},
@@ -46,6 +48,8 @@ RUNS = {
         "refine.teacher_max_new_tokens=16", "rollout.lope_prefixes=6", "rollout.lope_max_groups=2",
         "refine.scaffolds_from_policy=true", "governor.enabled=false",
         "eval.decoding=sampled", "eval.milestone_tokens=0", "eval.heldout_split=flat",  # as the stores were written
+        "pool.rg_solutions=false",  # as the stores were written
+        "rollout.screen_samples=0",  # as the stores were written (G samples at once)
         'pool.sources=[{"source": "rg:products", "size": 5, "params": {"max_digits": 1}}, '
         '{"source": "rg:chain_sum", "size": 3, "params": {"max_terms": 2, "max_digits": 1}}]']},
 }

@@ -18,6 +18,7 @@ from storage.store import Store
 TINY = ["model.policy=tiny-random", "model.dtype=fp32", "rollout.max_new_tokens=4", "rollout.group_size=4",
         "rollout.include_reserve=true", "select.embedder=hashing", "select.batch_size=6",
         "refine.teacher_max_new_tokens=16", "rollout.lope_prefixes=6", "rollout.lope_max_groups=2",
+        "rollout.screen_samples=0",  # B groups of G per round: the flow's rows, not screening's (test_screening.py)
         'pool.sources=[{"source": "rg:products", "size": 5, "params": {"max_digits": 1}}, '
         '{"source": "rg:chain_sum", "size": 3, "params": {"max_terms": 2, "max_digits": 1}}]']
 

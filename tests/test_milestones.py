@@ -132,3 +132,30 @@ def test_milestone_arithmetic_and_old_configs():
     assert load_config(stored={"eval": {"n_samples": 8, "k": 4}}).eval.decoding == "sampled"
     assert load_config().eval.decoding == "greedy"
     assert load_config().eval.plan() == (1, 1, 0.0)  # greedy: one sample at T = 0, k = 1
+
+
+def test_a_second_run_reuses_the_base_models_greedy_evaluation_and_spends_nothing_on_it(prefect_api, tmp_path):
+    """Two arms in one store share the base model's greedy held-out evaluation (storage/evals.py): the second
+    copies the first's rows, records where from, and its generated_tokens count only what it generated; with
+    eval.reuse_base off a third run generates the same rows itself (greedy draws nothing)."""
+    store = Store(tmp_path / "store")
+    runs = {"ru-a": [], "ru-b": ["rollout.seed=1"], "ru-c": ["rollout.seed=2", "eval.reuse_base=false"]}
+    for run, extra in runs.items():
+        curriculum_module.curriculum(load_config(sets=[*SETS, *extra], run_id=run, store=store.root, rounds=1))
+    base = {r["run_id"]: r for r in q(store, "SELECT run_id, plan_key, reused_from, pass_at_1 FROM evals "
+                                             "WHERE policy_version = 0 AND split = 'heldout'")}
+    assert base["ru-a"]["reused_from"] is None and base["ru-c"]["reused_from"] is None
+    assert base["ru-b"]["reused_from"] == "ru-a"
+    assert base["ru-a"]["plan_key"] == base["ru-b"]["plan_key"] == base["ru-c"]["plan_key"] is not None
+    rows = {run: q(store, f"""SELECT prompt_id, n_samples, n_correct, n_tokens FROM eval_results
+                              WHERE run_id = '{run}' AND policy_version = 0 ORDER BY prompt_id""") for run in runs}
+    assert rows["ru-a"] == rows["ru-b"] == rows["ru-c"] and len(rows["ru-a"]) > 0
+    spent = {run: q(store, f"""SELECT (SELECT sum(tokens) FROM generated_tokens WHERE run_id = '{run}'
+                                       AND purpose = 'eval') AS metered,
+                                      (SELECT sum(n_tokens) FROM eval_results WHERE run_id = '{run}'
+                                       AND policy_version > 0) AS trained""")[0] for run in runs}
+    base_tokens = sum(r["n_tokens"] for r in rows["ru-a"])
+    assert spent["ru-b"]["metered"] == spent["ru-b"]["trained"]  # the copied evaluation cost ru-b nothing
+    assert spent["ru-a"]["metered"] == spent["ru-a"]["trained"] + base_tokens
+    assert spent["ru-c"]["metered"] == spent["ru-c"]["trained"] + base_tokens
+    assert stored_base({"eval": {}})[0]["eval"]["reuse_base"] is False  # a stored config without the field: off

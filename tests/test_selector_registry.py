@@ -38,6 +38,7 @@ class TopEps(Selector):
 
 SETS = ["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32", "rollout.group_size=4",
         "rollout.max_new_tokens=40", "rollout.fewshot_k=0", "rollout.lope_prefixes=0", "select.batch_size=4",
+        "rollout.screen_samples=0",  # the selector's own picks, no screening refills
         "refine.strategies=[]", "shape.enabled=false", "train.enabled=false", "eval.enabled=false",
         'pool.sources=[{"source": "rg:products", "size": 10, "params": {"max_digits": 1}}]']
 

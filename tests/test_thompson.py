@@ -23,6 +23,7 @@ def run(prefect_api, tmp_path_factory):
             "rollout.max_new_tokens=32", "rollout.fewshot_p0=0.0", "rollout.include_reserve=true",
             "select.selector=thompson", "select.embedder=hashing", "select.batch_size=8", "refine.strategies=[]",
             "shape.enabled=false", "train.enabled=false", "eval.enabled=false", "governor.enabled=false",
+            "rollout.screen_samples=0",  # the selector's picks alone, each scored at G (no screening refills)
             f'pool.sources=[{{"source": "{unsolved}"}}, '
             '{"source": "rg:products", "size": 40, "params": {"max_digits": 1}}]']
     curriculum(load_config(sets=sets, run_id="ts", store=store.root, rounds=3))

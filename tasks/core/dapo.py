@@ -12,6 +12,10 @@ Choices, and why:
   it is sized by the groups still missing. verl's recipe (recipe/dapo: gen batch = 3 x train batch, at most
   10 generation batches) draws fixed-size generation batches instead; sizing refills by the deficit spends
   fewer rollouts on surplus groups that would be thrown away, which only makes the baseline cheaper.
+- The factor adapts (`adaptive_oversample`): 1 / the run's last round's informative ratio (groups with reward
+  variance over groups generated, discards included), at least 1 and capped at 3; round 0, with nothing to
+  measure, uses the configured `dapo_oversample`. A fixed 3x over-samples a pool that is 80% informative by
+  2.4x and throws the surplus away; sizing by the last ratio makes the baseline about as cheap as it can be.
 - The cap: at most `max_batches` generation batches, the first included (verl's max_num_gen_batches). A
   batch still short then trains on the groups it has (verl raises instead); the shortfall is reported
   (`short`, `cap_hit`), and so is running out of candidates (`exhausted`).
@@ -20,6 +24,9 @@ Choices, and why:
   (it has no gradient either); a group of wrong answers whose format rewards differ is kept (it has one).
 - When a generation batch yields more varied groups than the batch still needs, the first ones in queue order
   are kept and the rest discarded as `surplus` (DAPO truncates to the batch size too).
+- The same loop runs screening then top-up (tasks/core/screening.py, tasks/sampling/screening.py): a
+  `verdict` callable names the groups that cannot be kept whatever their rewards (`screened_out`; a screen
+  left unfinished because the batch was full is `surplus`).
 - Every discarded group was generated and counts against the baseline's rollout budget: the collect stage
   lands it in `discarded_rollouts` (with its tokens), never in `rollouts`, so it enters no scoring, training
   or pool decision.
@@ -38,6 +45,8 @@ T = TypeVar("T")
 
 ZERO_VARIANCE = "zero_variance"  # every reward of the group equal: no gradient
 SURPLUS = "surplus"  # varied, but the batch was already full
+SCREENED_OUT = "screened_out"  # screening: a unanimous screen the posterior did not top up (tasks/core/screening.py)
+MAX_OVERSAMPLE = 3.0  # the adaptive factor's cap (DAPO's recipe: a fixed 3)
 
 
 def first_batch_size(batch: int, oversample: float) -> int:
@@ -48,6 +57,22 @@ def first_batch_size(batch: int, oversample: float) -> int:
 def refill_size(batch: int, kept: int, oversample: float) -> int:
     """Prompts in a refill: ceil(oversample * (B - kept)), the groups still missing, over-sampled again."""
     return math.ceil(oversample * (batch - kept) - 1e-9)
+
+
+def adaptive_oversample(informative_ratio: float | None, first: float, cap: float = MAX_OVERSAMPLE) -> float:
+    """dapo_filter's over-sampling factor: 1 / (the run's last round's informative ratio), between 1 and `cap`;
+    `first` (the configured factor) when there is no earlier round to measure.
+
+    >>> adaptive_oversample(None, 3.0), adaptive_oversample(0.5, 3.0), adaptive_oversample(0.1, 3.0)
+    (3.0, 2.0, 3.0)
+    >>> adaptive_oversample(0.0, 1.5), adaptive_oversample(1.0, 3.0)
+    (3.0, 1.0)
+    """
+    if informative_ratio is None:
+        return first
+    if informative_ratio <= 0:
+        return cap
+    return min(cap, max(1.0, 1.0 / informative_ratio))
 
 
 def has_variance(rewards: Sequence[float], tol: float = 1e-6) -> bool:
@@ -94,12 +119,15 @@ class DynamicSample(Generic[T]):
 def dynamic_sampling(queue: Sequence[T], batch: int, oversample: float, max_batches: int,
                      generate: Callable[[list[T], int], Sequence[Any]],
                      rewards: Callable[[Any], Sequence[float]], tol: float = 1e-6,
-                     first_size: int | None = None) -> DynamicSample[T]:
+                     first_size: int | None = None,
+                     verdict: Callable[[Any], str | None] | None = None) -> DynamicSample[T]:
     """Generate groups for `queue` in order, batch by batch, until B varied groups are kept, the cap of
     `max_batches` generation batches is reached, or the queue runs out.
 
     `generate(items, k)` returns one group per item for generation batch k; `rewards(group)` its rewards.
-    `first_size` overrides the first batch's size (the select stage may have drawn it already)."""
+    `first_size` overrides the first batch's size (the select stage may have drawn it already). `verdict(group)`,
+    when given, says before the variance test why a group cannot be kept (screening: `screened_out`, or
+    `surplus` for a screen left unfinished), or None to judge it by its variance as usual."""
     if batch < 1:
         raise ValueError(f"dynamic sampling: batch size must be >= 1, got {batch}")
     if oversample < 1:
@@ -124,12 +152,13 @@ def dynamic_sampling(queue: Sequence[T], batch: int, oversample: float, max_batc
                              f"{len(items)} prompts")
         out.batches += 1
         for item, group in zip(items, groups):
-            varied = has_variance(rewards(group), tol)
+            why = verdict(group) if verdict is not None else None
+            varied = why is None and has_variance(rewards(group), tol)
             drawn = Drawn(item, group, k, varied)
             if varied and len(out.kept) < batch:
                 out.kept.append(drawn)
             else:
-                drawn.reason = SURPLUS if varied else ZERO_VARIANCE
+                drawn.reason = why or (SURPLUS if varied else ZERO_VARIANCE)
                 out.discarded.append(drawn)
     if out.short:
         out.exhausted = pos >= len(queue)

@@ -3,7 +3,8 @@ top of plain rollouts earns its budget round by round, or is throttled to its mi
 
 Yield. For round r and component c, yield_c = training rows c made usable per 1,000 tokens c generated:
 - `rollout` (the baseline): rows of informative groups (groups of the policy's own samples whose rewards differ:
-  G rows each) per 1k collect tokens of purpose `rollout`;
+  G rows each) per 1k collect tokens of purposes `rollout` and `screen` (screening's samples, screened-out ones
+  included, are what the baseline's groups cost; tasks/sampling/screening.py);
 - `lope`: rows of the groups LoPE rescued (an all-fail group with a replaced rollout: G rows each) per 1k `lope`
   tokens;
 - `shape`: verified shaped traces (one SFT row each) per 1k tokens of the shape stage (`mcmc` proposals and the
@@ -20,7 +21,9 @@ before r only, so it is made before round r generates anything and is the same o
 
 Choices: rows, not groups, are the unit, so a group of G and a shaped trace compare at what they add to a
 training step; the minimum is 1 unit rather than 0, so that recovery is observable; `refine`'s ladder and
-numeric strategies generate nothing and never count against it.
+numeric strategies generate nothing and never count against it. Screening and its top-ups are part of the
+baseline, not components of their own (their yield is the collect summary's `screening.informative_ratio`):
+governing them separately is left for later.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from tasks.core.ids import prompt_id
+from tasks.core.worked_solutions import with_solutions
 
 
 @dataclass(frozen=True)
@@ -278,8 +279,8 @@ def parse_param(name: str, key: str, value: Any) -> Any:
     return parsed
 
 
-def rg_rows(name: str, size: int, seed: int, params: dict[str, Any]) -> list[SourceRow]:
-    """Generate `size` prompts from reasoning-gym's `name` with its difficulty `params`."""
+def rg_rows(name: str, size: int, seed: int, params: dict[str, Any], solutions: bool = True) -> list[SourceRow]:
+    """`size` prompts of reasoning-gym's `name` at difficulty `params`; `solutions`: with worked solutions."""
     import reasoning_gym
 
     if size < 1:
@@ -290,11 +291,10 @@ def rg_rows(name: str, size: int, seed: int, params: dict[str, Any]) -> list[Sou
         ds = reasoning_gym.create_dataset(name, size=size, seed=seed, **parsed)
     except (AssertionError, ValueError, TypeError) as e:
         raise SourceError(f"rg:{name} rejected parameters {parsed}: {e or 'invalid value'}") from None
-    source = f"rg:{name}"
-    params_json = json.dumps({**parsed, "seed": seed, "size": size}, sort_keys=True, default=list)
+    source, params_json = f"rg:{name}", json.dumps({**parsed, "seed": seed, "size": size}, sort_keys=True, default=list)
     rows = []
     for i, entry in enumerate(ds):
         q, a = entry["question"], str(entry["answer"])
         meta = json.dumps(entry.get("metadata", {}), sort_keys=True, default=str)
         rows.append(SourceRow(prompt_id(q, a, source), q, a, source, params=params_json, meta=meta, line=i + 1))
-    return rows
+    return with_solutions(name, rows) if solutions else rows  # tasks/core/worked_solutions.py: None where none

@@ -1,7 +1,8 @@
 """Sampling for the collect stage: the rollout config, the prompts a round collects for, one verified sampling
 pass over them (few-shot context as configured: tasks/core/fewshot.py), and the `rollouts` rows.
 
-The collect stage (tasks/collect.py) calls `sample` once, or, with a selector that `generates` (dapo_filter),
+The collect stage (tasks/collect.py) screens then tops up (tasks/sampling/screening.py, the default), or calls
+`sample` once (screening off, or a `whole_pool` selector), or, with a selector that `generates` (dapo_filter),
 batch by batch (tasks/sampling/dynamic.py).
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import polars as pl
 import pyarrow as pa
@@ -16,20 +18,18 @@ from pydantic import Field
 
 from models.backend import Backend, Completion, Sampling
 from models.config import Section
-from models.meter import record
 from storage.rounds import prompts as prompt_table
 from storage.rounds import this_round
 from storage.store import Store, fault_point
 from tasks.core.fewshot import fewshot_messages
 from tasks.core.rewards import RewardConfig, Verdict
-from tasks.core.seeds import row_seeds
-from tasks.core.verdicts import verdicts
-from tasks.reporting.progress import progress_reporter
+from tasks.sampling.verified import generate_verified
 from tasks.stage import RoundContext
 
 
 class RolloutConfig(Section):
-    """Sampling of the G rollouts per prompt, few-shot context and LoPE rescue (docs/algorithms.md §3)."""
+    """Sampling of the G rollouts per prompt, screening then top-up (tasks/sampling/screening.py), few-shot context
+    and LoPE rescue (docs/algorithms.md §3, §4.2)."""
 
     group_size: int = Field(8, ge=2, le=256, description="G: samples per prompt")
     temperature: float = Field(0.7, ge=0.0, le=2.0, description="sampling temperature of rollouts (0: greedy)")
@@ -50,6 +50,20 @@ class RolloutConfig(Section):
     lope_max_groups: int = Field(4, ge=0, le=1_000_000, description="LoPE: all-fail groups resampled per round")
     include_reserve: bool = Field(False, description="reserve prompts are candidates too (default: only the "
                                   "rescore flow re-probes them)")
+    screen_samples: int = Field(2, ge=0, le=255, description="screening: samples per candidate before its group "
+                                "is completed to G; a mixed screen, or a unanimous one the pass-rate posterior "
+                                "still finds likely informative, is topped up, the rest land in "
+                                "discarded_rollouts and free their tokens for more prompts (0, or >= group_size: "
+                                "off, G samples at once; not under dapo_filter or `all`; runs stored without "
+                                "it resume with 0)")
+    screen_topup_threshold: float = Field(0.5, ge=0.0, le=1.0, description="screening: top up a unanimous screen "
+                                          "when the posterior's P(the full group is mixed) is at least this")
+    screen_max_batches: int = Field(4, ge=1, le=1000, description="screening: generation batches per round at "
+                                    "most, the selection included; refills screen further candidates until B "
+                                    "groups are kept or this is reached")
+
+    # a run stored before screening existed sampled G at once: it resumes so (flows/config.py `stored_base`)
+    absent_means: ClassVar[dict] = {"screen_samples": 0}
 
 
 def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, include_reserve: bool) -> pl.DataFrame:
@@ -112,14 +126,7 @@ def sample(backend: Backend, prompts: pl.DataFrame, demos: pl.DataFrame | None, 
     messages, augmentation = fewshot_messages(prompts, demos if demos is not None else pl.DataFrame(), cfg.seed,
                                               ctx.round, ctx.rounds, cfg.fewshot_p0, cfg.fewshot_k, cfg.instruction,
                                               spent=ctx.tokens_spent, budget=ctx.token_budget)
-    rendered = [backend.render(m) for m in messages]
-    with progress_reporter(label, prompts.height * cfg.group_size) as advance:
-        def on_progress(k: int) -> None:
-            advance(k)
-            fault_point("collect:mid")  # test hook: a fault test kills the process here, mid-collection
-
-        groups = record("rollout", backend.generate(rendered, cfg.group_size, sampling, progress=on_progress,
-                                                    row_seeds=row_seeds(sampling.seed, prompts["prompt_id"].to_list())))
-    seconds = time.perf_counter() - t0
-    return Sampled(prompts, messages, augmentation, rendered, groups, verdicts(prompts, groups, reward_cfg),
-                   seconds, sum(c.n_tokens for g in groups for c in g))
+    got = generate_verified(backend, prompts, messages, cfg.group_size, sampling, reward_cfg, "rollout", label,
+                            lambda k: fault_point("collect:mid"))  # test hook: a fault test kills the process here
+    return Sampled(prompts, messages, augmentation, got.rendered, got.groups, got.checked,
+                   time.perf_counter() - t0, got.n_tokens)
