@@ -9,19 +9,29 @@ The design is fixed here, so every regeneration describes the same experiment:
 - the core arms `uniform`, `dapo_filter`, `eps_kmeans`, `refinery` at `--seeds` paired seeds (default 3),
   and the four ablations (`no_refine`, `no_shape`, `no_fewshot`, `no_lope`) at `--ablation-seeds` (default
   1), paired with `refinery`'s first seeds; `--confirm ABLATION` runs one of them at `--seeds` seeds instead,
-  the check a default change needs (`--confirm no_lope --run` adds `no_lope`'s seeds 1 and 2);
+  the check a default change needs (`--confirm no_lope --run` adds `no_lope`'s seeds 1 and 2); or, with
+  `--arms A,B`, only those arms at `--seeds` (issue 49's calibration run is `--arms uniform,default --seeds 4
+  --run`; `default` is the shipped defaults, flows/compare.py); `--estimate` prints what the unfinished runs
+  would cost first;
 - one shared config, benchmarks/evidence.toml (the embedded default policy, a pool of five strata with a
   quarter of each stratum's twin groups, 403 prompts, held out by the stratified split, a generated-token
   budget), plus any `--set` overrides;
 - the external sets data/external/reasoning_gym_ood.jsonl and in_family_harder.jsonl (300 prompts each, made
-  once by data/external/make_external.py), scored on every run's last checkpoint and the base model
-  (flows/compare.py; at the matched budget is issue 49's item 6, not yet plumbed).
+  once by data/external/make_external.py), scored on every run's checkpoint at its largest milestone within
+  the budget, its last checkpoint and the base model (flows/compare.py); the page reads them at the matched
+  budget where every run has that checkpoint scored, else at the last (tasks/compare/external.py);
+- the design's budgets `--budgets` (60k and 120k generated tokens: pass@1 where every run reached them, else
+  "not reached").
 Runs go one after the other through flows/compare.py (`refinery compare` does the same for any arms); the page
 is tasks/compare/page.py over the queries of tasks/compare/figures.py. Before writing, every run's stored config
 is checked against the design (the shared config, `--set`, its arm and seed): a store whose runs were made
 otherwise is refused, naming the run and the fields; and so is one whose runs come from more than one commit or
 from code with uncommitted changes (flows/compare.py `mixed_code`), unless `--allow-mixed`, when the page says so
-in its first lines. The page and `--json` (`commits`, `dirty_runs`) name the commits its runs were made at. `--json PATH` writes the headline figures as flat keys.
+in its first lines. The page and `--json` (`commits`, `dirty_runs`) name the commits its runs were made at.
+`--json PATH` writes the page's headline figures (tasks/compare/headline.py): issue 49's `heldout_prompts`,
+`heldout_strata`, `eval_token_share`, and per arm under `arms` `pass1_at_budget`, `vs_uniform`,
+`relative_vs_uniform`, `paired_seeds`, `seed_test_p`, `power_seeds_needed`, `informative_ratio`, the area
+under the curve and the matched steps and seconds of its pair with `uniform` (tasks/compare/decide.py).
 benchmarks/evidence_reading.md, where it exists, is a hand-written reading of the figures (which part hurts,
 what changed and why); the page puts it under the generated verdict. It is dated and says which runs it read,
 since the tables regenerate and it does not.
@@ -37,13 +47,22 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import platform  # noqa: E402
-import subprocess  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from benchmarks.evidence_design import (  # noqa: E402
+    check_design,
+    commit,
+    design,
+    estimate,
+    finished,
+    machine,
+    machines,
+    record_machine,
+)
 
 CORE = ["uniform", "dapo_filter", "eps_kmeans", "refinery"]
 ABLATIONS = ["no_refine", "no_shape", "no_fewshot", "no_lope"]
@@ -52,99 +71,7 @@ DATASETS = [REPO / "data" / "external" / name  # made once by data/external/make
             for name in ("reasoning_gym_ood.jsonl", "in_family_harder.jsonl")]
 READING = REPO / "benchmarks" / "evidence_reading.md"  # the hand-written reading of the figures, put under the verdict
 PREFIX = "ev"
-
-
-def machine() -> str:
-    cpu, flags = platform.processor() or "unknown CPU", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    native = [f for f in ("avx512_bf16", "amx_bf16") if f in flags]
-    import torch
-
-    return (f"{cpu}, {os.cpu_count()} cores visible, native bf16: {', '.join(native) or 'no'}; "
-            f"Python {platform.python_version()}, torch {torch.__version__}, {torch.get_num_threads()} threads")
-
-
-OWN_OUTPUTS = ("benchmarks/evidence/store/", "docs/evidence")  # what this script writes: not a code change
-
-
-def commit() -> str:
-    """HEAD, marked when tracked files other than this script's own outputs (the store's machine records, the
-    page and its plots) have uncommitted changes."""
-    try:
-        out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True).stdout.splitlines()
-        dirty = [line for line in status if not line[3:].startswith(OWN_OUTPUTS)]
-        return out + (" (with uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def record_machine(store_uri: str, run_id: str) -> None:
-    """Append where `run_id` runs (or resumes) to <store>/_machines.jsonl: a comparison made over several
-    sessions may run its arms on different CPUs, and the page says which run ran where."""
-    from storage.store import Store
-
-    store = Store(store_uri)
-    if finished(store, [run_id]):
-        return  # completed earlier (maybe elsewhere): compare skips it, and it keeps its record
-    line = json.dumps({"run_id": run_id, "host": platform.node(), "machine": machine(), "commit": commit(),
-                       "started": f"{datetime.now(UTC):%Y-%m-%dT%H:%M:%SZ}"})
-    path = store.path("_machines.jsonl")
-    store.fs.makedirs(store.root, exist_ok=True)
-    before = store.fs.cat_file(path).decode() if store.fs.exists(path) else ""  # object stores cannot append
-    with store.fs.open(path, "w") as f:
-        f.write(before + line + "\n")
-
-
-def machines(store, run_ids: list[str]) -> list[str]:
-    """'machine: run ids' lines for the finished runs, from <store>/_machines.jsonl (runs made before it
-    existed are listed as unrecorded)."""
-    path = store.path("_machines.jsonl")
-    where: dict[str, str] = {}
-    if store.fs.exists(path):
-        for line in store.fs.cat_file(path).decode().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                where[rec["run_id"]] = rec["machine"]  # the last start: where it finished
-    by_machine: dict[str, list[str]] = {}
-    for r in run_ids:
-        by_machine.setdefault(where.get(r, "not recorded"), []).append(r)
-    return [f"- {m}: {', '.join(f'`{r}`' for r in rs)}" for m, rs in by_machine.items()]
-
-
-def finished(store, run_ids: list[str]) -> set[str]:
-    import polars as pl
-
-    from storage.query import scan
-
-    runs = scan(store, "runs").filter(pl.col("run_id").is_in(run_ids)).collect()
-    last = runs.sort("created_at").group_by("run_id").agg(pl.col("status").last())
-    return set(last.filter(pl.col("status") == "completed")["run_id"].to_list())
-
-
-def check_design(store, planned, config: str, shared: list[str]) -> None:
-    """Raise ValueError naming the first run whose stored config is not the design's for it (resumable fields
-    such as `rounds` and `max_generated_tokens` aside: flows/curriculum.py)."""
-    from flows.config import load_config
-    from flows.curriculum import check_resume
-    from storage.runs import stored_config
-
-    for r in planned:
-        want = load_config(config, sets=[*shared, *r.sets], run_id=r.run_id, store=store.uri)
-        try:
-            check_resume(want, stored_config(store, r.run_id) or {})
-        except ValueError as e:
-            raise ValueError(f"{r.run_id} was not run with this design: {str(e).split('(', 1)[-1].split(')')[0]}"
-                             ) from None
+BUDGETS = (60_000, 120_000)  # the design's budgets (issue 49, item 5): 120k is the 60k runs resumed to twice the budget
 
 
 def arm_groups(seeds: int, ablation_seeds: int, confirmed: list[str]) -> list[tuple[list[str], int]]:
@@ -158,53 +85,31 @@ def arm_groups(seeds: int, ablation_seeds: int, confirmed: list[str]) -> list[tu
     return [(arms, n) for arms, n in ((CORE, seeds), (single, ablation_seeds), (list(confirmed), seeds)) if arms]
 
 
-def _shown(p: Path) -> str:
-    """A path as the page names it: relative to the repository where it lies inside."""
-    p = Path(p).resolve()
-    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p)
-
-
-def design(planned, missing, seeds, ablation_seeds, sets, confirmed=(), config: Path = CONFIG,
-           datasets: list[Path] = DATASETS) -> str:
-    from flows.compare import ARMS, SEEDED
-
-    lines = ["## The experiment", "",
-             f"Arms (flows/compare.py; an arm is a list of config overrides on the shared config). Core arms at "
-             f"{seeds} paired seed(s), ablations at {ablation_seeds}"
-             f"{''.join(f', `{arm}` at {seeds}' for arm in confirmed)}. Seed s sets "
-             f"{', '.join(f'`{k}`' for k in SEEDED)} to s in every arm, so arms pair by seed; the pool, its "
-             "held-out split and the evaluation's sampling are the same in every run.", "",
-             "| arm | overrides | run ids |", "|---|---|---|"]
-    for arm in dict.fromkeys(r.arm for r in planned):
-        ids = ", ".join(f"`{r.run_id}`" for r in planned if r.arm == arm)
-        lines.append(f"| `{arm}` | {'; '.join(f'`{o}`' for o in ARMS[arm]) or '(none: the shared config)'} | {ids} |")
-    if missing:
-        lines += ["", f"Not finished when this page was written, so left out: {', '.join(f'`{m}`' for m in missing)}."]
-    lines += ["", f"Shared config ({_shown(config)}):", "", "```toml", config.read_text().strip(), "```",
-              *(["", "Shared overrides (`--set`): " + ", ".join(f"`{x}`" for x in sets)] if sets else []),
-              "", "External set: " + ", ".join(_shown(p) for p in datasets) + " (how it was made: "
-              "its generator script beside it). It scores each run's last checkpoint and the base model; its "
-              "`near` prompts are pool tasks at levels the pool never uses, `far` ones tasks it never uses."]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", required=True, help="the comparison's store (a folder or s3:// root)")
     ap.add_argument("--run", action="store_true", help="run or resume the comparison before writing the page")
     ap.add_argument("--partial", action="store_true", help="write the page from the finished runs only")
+    ap.add_argument("--estimate", action="store_true", help="print what the planned runs not finished yet would "
+                    "cost (generated tokens, hours at the rate this store's finished runs had) and stop")
+    ap.add_argument("--arms", default=None, metavar="A,B",
+                    help="only these arms, each at --seeds paired seeds, no ablations (e.g. `--arms uniform,default "
+                    "--seeds 4`, issue 49's calibration run); default: the core arms and the ablations")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--ablation-seeds", type=int, default=1)
     ap.add_argument("--confirm", action="append", default=[], choices=ABLATIONS, metavar="ABLATION",
                     help="run this ablation at --seeds paired seeds, like a core arm (repeat for more): the check "
                     "a default change needs before it is made")
+    ap.add_argument("--budgets", default=",".join(map(str, BUDGETS)), metavar="N,N",
+                    help="generated-token budgets of the design at which pass@1 is read where every run reached "
+                    "them (default %(default)s)")
     ap.add_argument("--out", default=str(REPO / "docs" / "evidence.md"))
     ap.add_argument("--config", default=str(CONFIG), help="the shared design (default benchmarks/evidence.toml; the "
                     "committed store's runs were made with benchmarks/evidence_v1.toml)")
     ap.add_argument("--dataset", action="append", default=None, metavar="JSONL",
                     help="an external set scored on every run (repeat for more; default: "
                     + ", ".join(str(p.relative_to(REPO)) for p in DATASETS) + ")")
-    ap.add_argument("--json", default=None, help="write the headline figures here as flat keys")
+    ap.add_argument("--json", default=None, help="write the headline figures here (tasks/compare/headline.py)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="an override shared by every run, on top of benchmarks/evidence.toml")
     ap.add_argument("--allow-mixed", action="store_true", help="write the page (and run) although its runs come "
@@ -217,6 +122,29 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _groups(a: argparse.Namespace) -> tuple[list[tuple[list[str], int]], str]:
+    """(arms, seeds) groups in run order, and the page's sentence saying so."""
+    if a.arms:
+        arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+        if a.confirm:
+            raise ValueError("--confirm adds an ablation to the default arms: leave it out with --arms")
+        return [(arms, a.seeds)], f"Arms {', '.join(f'`{x}`' for x in arms)} at {a.seeds} paired seed(s)"
+    a.confirm = list(dict.fromkeys(a.confirm))
+    return (arm_groups(a.seeds, a.ablation_seeds, a.confirm),
+            f"Core arms at {a.seeds} paired seed(s), ablations at {a.ablation_seeds}"
+            f"{''.join(f', `{arm}` at {a.seeds}' for arm in a.confirm)}")
+
+
+def _budgets(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--budgets {text!r}: expected generated-token counts separated by commas") from None
+    if any(b <= 0 for b in out):
+        raise ValueError(f"--budgets {text!r}: every budget must be a positive number of tokens")
+    return out
+
+
 def _main(a: argparse.Namespace) -> int:
     from flows.compare import compare, plan
     from storage.store import Store
@@ -224,9 +152,12 @@ def _main(a: argparse.Namespace) -> int:
     from tasks.compare.plots import plots
 
     datasets = a.dataset or [str(p) for p in DATASETS]
-    a.confirm = list(dict.fromkeys(a.confirm))
-    groups = arm_groups(a.seeds, a.ablation_seeds, a.confirm)
+    groups, seeds_text = _groups(a)
+    budgets = _budgets(a.budgets)
     planned = [r for arms, seeds in groups for r in plan(arms, seeds, PREFIX, a.set, {})]
+    if a.estimate:
+        print("\n".join(estimate(Store(a.store), planned, a.config, a.set)))
+        return 0
     if a.run:
         from flows.server.prefect_setup import prepare_prefect
 
@@ -252,12 +183,13 @@ def _main(a: argparse.Namespace) -> int:
     mixed = mixed_code(store, [r.run_id for r in planned], False, a.allow_mixed)  # refused unless --allow-mixed
     commits, dirty_runs = code_of_runs(store, [r.run_id for r in planned])
     names = [Path(p).stem for p in datasets]
-    ev = build(store, PREFIX, planned, names)
+    ev = build(store, PREFIX, planned, names, design_budgets=budgets)
     out = Path(a.out)
     figures = out.parent / out.stem
     figures.mkdir(parents=True, exist_ok=True)
     for name, fig in plots(ev).items():
         fig.savefig(figures / f"{name}.png")
+    how = (f" --arms {a.arms} --seeds {a.seeds}" if a.arms else "") + "".join(f" --confirm {c}" for c in a.confirm)
     header = "\n".join([
         "# Evidence: the refined curriculum against uniform GRPO at equal generated tokens", "",
         *([f"**Warning, {mixed}**: the arms may differ by code as well as by design; read every difference "
@@ -266,7 +198,7 @@ def _main(a: argparse.Namespace) -> int:
         f"{', '.join(f'`{c[:12]}`' for c in commits)}"
         f"{f'; with uncommitted changes: {len(dirty_runs)} run(s)' if dirty_runs else ', with no uncommitted changes'}.",
         "",
-        f"Generated by `python benchmarks/evidence.py --store STORE{''.join(f' --confirm {c}' for c in a.confirm)}"
+        f"Generated by `python benchmarks/evidence.py --store STORE{how}"
         f"{' --partial' if missing else ''}` on "
         f"{datetime.now(UTC):%Y-%m-%d} at commit {commit()}; do not edit by hand. Page written on: {machine()}.",
         "", "Where each run ran (its last start; wall-clock figures compare only runs of one machine):", "",
@@ -278,21 +210,14 @@ def _main(a: argparse.Namespace) -> int:
         "comparison). Wall-clock seconds include the held-out evaluations of earlier checkpoints and whatever "
         "else ran on the machine at the time: read them as rough."])
     reading = READING.read_text(encoding="utf-8") if READING.exists() else ""
-    page = markdown(ev, names, header, design(planned, missing, a.seeds, a.ablation_seeds, a.set, a.confirm,
-                                              Path(a.config), [Path(d) for d in datasets]), reading)
+    page = markdown(ev, names, header, design(planned, missing, seeds_text, a.set, Path(a.config),
+                                              [Path(d) for d in datasets]), reading)
     out.write_text(page, encoding="utf-8")
     print(f"evidence: wrote {out} and its plots in {figures}")
     if a.json:
-        flat = {"heldout_prompts": ev.heldout_prompts, "eval_samples": ev.samples, "commits": commits,
-                "dirty_runs": dirty_runs, "eval_token_share": ev.eval_token_share,
-                **{f"matched_{k}": v for k, v in ev.budgets.items()}}
-        for f in ev.arms:
-            flat[f"{f.arm}_pass1_at_tokens"] = f.at["tokens"].mean
-            if f.diff["tokens"] is not None:
-                flat[f"{f.arm}_vs_{ev.base_arm}_at_tokens"] = f.diff["tokens"].mean
-            flat[f"{f.arm}_informative"] = f.informative
-            flat[f"{f.arm}_discarded_share"] = f.discarded_share
-        Path(a.json).write_text(json.dumps(flat, indent=1, sort_keys=True))
+        from tasks.compare.headline import headline
+
+        Path(a.json).write_text(json.dumps(headline(ev, commits, dirty_runs), indent=1, sort_keys=True))
     return 0
 
 

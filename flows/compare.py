@@ -9,7 +9,12 @@ of the shared ones. The built-in arms:
   k-means clusters;
 - `refinery`: the default pipeline; `no_refine`, `no_shape`, `no_fewshot`, `no_lope`: it, one part off. LoPE
   is off by default, so `no_lope` differs from `refinery` only where the shared config turns LoPE on
-  (`rollout.lope_prefixes=6`, as benchmarks/evidence.toml does: the full pipeline with every part on).
+  (`rollout.lope_prefixes=6`, as benchmarks/evidence.toml does: the full pipeline with every part on);
+- `default`: the shipped defaults (issue 49 item 8, issue 50): `refinery` with every field the evidence design
+  pins away from its shipped value outside the design itself (pool, evaluation, budget) put back, today LoPE
+  (`rollout.lope_prefixes=0`). Under benchmarks/evidence.toml it runs the same config as `no_lope`; it is
+  its own arm so that it follows the defaults when they change (tests/test_compare.py checks its values
+  against RunConfig's).
 Seed s sets the sampling, selection, shaping and training seeds of every arm alike (`rollout.seed`,
 `select.seed`, `shape.seed`, `train.seed`), so arms pair by seed; the pool's and the evaluation's seeds stay
 shared, so every run draws the same pool and holds out the same prompts. Run ids are
@@ -27,7 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-PLAIN = ["refine.strategies=[]", "shape.enabled=false", "rollout.fewshot_p0=0.0", "rollout.lope_prefixes=0"]
+PLAIN = ["refine.strategies=[]", "shape.enabled=false", "rollout.fewshot_p0=0.0", "rollout.lope_prefixes=0",
+         "rollout.screen_samples=0"]  # plain GRPO: G samples per prompt at once (screening is the default's)
 ARMS: dict[str, list[str]] = {
     "uniform": [*PLAIN, "select.selector=uniform"],
     "dapo_filter": [*PLAIN, "select.selector=dapo_filter"],
@@ -38,6 +44,7 @@ ARMS: dict[str, list[str]] = {
     "no_shape": ["shape.enabled=false"],
     "no_fewshot": ["rollout.fewshot_p0=0.0"],
     "no_lope": ["rollout.lope_prefixes=0"],
+    "default": ["rollout.lope_prefixes=0"],  # the shipped value of each non-design pin of benchmarks/evidence.toml
 }
 SEEDED = ("rollout.seed", "select.seed", "shape.seed", "train.seed")
 
@@ -158,20 +165,40 @@ def prepare_comparison(arms: list[str], seeds: int, prefix: str, shared: list[st
     return Comparison(runs, configs, list(datasets), mixed)
 
 
+def budget_checkpoint(store, run_id: str, budget: int | None) -> int | None:
+    """The checkpoint evaluated at the run's largest generated-token milestone within `budget` (any, when
+    None): the one its held-out curve is read at when the comparison is matched there. None for a run
+    evaluated every round (no milestones)."""
+    import polars as pl
+
+    from storage.query import table_rows_with_schema
+
+    # with the table's schema: evals written before `milestone` existed read it as null
+    marks = (table_rows_with_schema(store, "evals", ["split", "milestone", "policy_version"], run_id=run_id)
+             .filter((pl.col("split") == "heldout") & (pl.col("milestone") > 0)))
+    if budget is not None:
+        marks = marks.filter(pl.col("milestone") <= budget)
+    return None if marks.height == 0 else int(marks.sort("milestone", "policy_version")["policy_version"][-1])
+
+
 def run_comparison(comparison: Comparison, on_run=None) -> list[dict]:
     """Run (or resume) every planned run; returns one summary per run (its plan and its flow result). Each
-    prompt file scores every run's last checkpoint once it finishes, and the first run's base model (version 0,
-    the same in every run)."""
+    prompt file scores every run's checkpoint at its largest milestone within the token budget
+    (`budget_checkpoint`: the checkpoint at the matched budget when every run reached it, issue 49 item 6) and
+    its last checkpoint once it finishes, and the first run's base model (version 0, the same in every run)."""
     from flows.curriculum import curriculum
     from flows.evaluate import evaluate
+    from storage.store import Store
 
     out = []
     for i, (r, c) in enumerate(zip(comparison.runs, comparison.configs)):
         if on_run:
             on_run(r)
         result = already_complete(c) or curriculum(c)
+        at_budget = budget_checkpoint(Store(c.store), r.run_id, c.max_generated_tokens) if comparison.datasets else None
         for path in comparison.datasets:
-            for version in ([0] if i == 0 else []) + [None]:
+            for version in dict.fromkeys(([0] if i == 0 else []) + ([at_budget] if at_budget is not None else [])
+                                         + [None]):
                 evaluate(run_id=r.run_id, checkpoint=version, store=c.store, dataset=path)
         out.append({"planned": r, "result": result})
     return out

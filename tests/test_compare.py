@@ -68,3 +68,22 @@ def test_two_arms_two_seeds_share_the_pool_and_heldout_and_resume(prefect_api, s
     # a bad arm is refused before any run starts
     code, _, err = run_cli("compare", "--arms", "uniform,nope", "--store", store.root)
     assert code == 1 and "unknown arm 'nope'" in err and err.count("\n") == 1
+
+
+def test_the_default_arm_is_the_shipped_defaults_under_the_evidence_design():
+    """`default` puts back the shipped value of every field benchmarks/evidence.toml pins outside the design
+    itself (pool, evaluation, budget, rounds): loaded over that config, it is RunConfig's defaults there."""
+    import tomllib
+    from pathlib import Path
+
+    from flows.config import RunConfig, load_config
+
+    design = Path(__file__).parent.parent / "benchmarks" / "evidence.toml"
+    pinned = {f"{section}.{key}" for section, table in tomllib.loads(design.read_text()).items()
+              if isinstance(table, dict) and section not in ("pool", "eval") for key in table}
+    assert pinned, "the evidence design pins nothing outside pool and eval: `default` would equal `refinery`"
+    shipped, loaded = RunConfig(), load_config(str(design), sets=ARMS["default"])
+    for field in sorted(pinned):
+        section, key = field.split(".")
+        assert getattr(getattr(loaded, section), key) == getattr(getattr(shipped, section), key), field
+    assert {o.split("=")[0] for o in ARMS["default"]} == pinned  # and nothing else: the rest is the shared config

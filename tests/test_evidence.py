@@ -360,3 +360,290 @@ def test_confirm_runs_one_ablation_at_the_core_seeds():
     assert evidence.arm_groups(3, 1, [])[1:] == [(evidence.ABLATIONS, 1)]
     with pytest.raises(SystemExit):
         evidence.main(["--store", "unused", "--confirm", "uniform"])
+
+
+# ---- issue 49's figures: the seed-level test, strata, budgets and the area under the curve, pairs -------------
+def test_a_stratum_no_checkpoint_solves_is_flagged_and_left_out_of_the_second_total():
+    from tasks.compare.strata import by_stratum, solved_columns, totals_without
+
+    strata = {"a": "easy", "b": "easy", "c": "never", "d": "hard"}
+    ids = ["a", "b", "c", "d"]
+    every = np.array([[0.5, 1.0, 0.0, 0.0], [0.0, 0.5, 0.0, 0.125]])  # no checkpoint solves c; d once
+    at = {"uniform": np.array([[0.5, 1.0, 0.0, 0.0], [1.0, 0.5, 0.0, 0.0]]),
+          "default": np.array([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])}
+    figs = by_stratum(strata, ids, at, every)
+    assert [(f.name, f.prompts, f.never_solved) for f in figs] == [("easy", 2, False), ("never", 1, True),
+                                                                      ("hard", 1, False)]
+    assert figs[0].pass1 == {"uniform": 0.75, "default": 1.0}
+    keep = solved_columns(strata, ids, figs)
+    assert keep.tolist() == [True, True, False, True]
+    totals = totals_without(at, {"uniform": [0, 1], "default": [0, 1]}, "uniform", keep)
+    assert totals["uniform"][0].mean == pytest.approx(3.0 / 6) and totals["uniform"][1] is None
+    assert totals["default"][0].mean == pytest.approx(4.0 / 6)
+    assert totals["default"][1].mean == pytest.approx(1.0 / 6) and totals["default"][1].seeds == 2
+
+
+def test_the_area_under_the_curve_is_the_trapezoid_up_to_the_budget_over_the_budget():
+    from tasks.core.curves import area_under
+
+    costs, p = [0, 400, 800, 1200], [[0.0, 1.0], [0.5, 1.0], [1.0, 0.0], [1.0, 0.0]]
+    got = area_under(costs, p, 1000)
+    first = (0.5 * 400 * 0.5 + 400 * 0.75 + 200 * 1.0) / 1000  # (0,0)-(400,.5)-(800,1)-(1000,1)
+    second = (400 * 1.0 + 400 * 0.5 + 200 * 0.0) / 1000
+    assert got.tolist() == pytest.approx([first, second])
+    assert area_under(costs, p, 1200.5) is None and area_under(costs, p, 1200) is not None
+
+
+def test_the_external_set_is_read_at_the_matched_checkpoint_only_when_every_run_has_one():
+    from tasks.compare.external import choose, matched_versions
+    from tasks.compare.figures import RunCurve
+
+    def curve(run_id, tokens):
+        return RunCurve(run_id, list(range(len(tokens))), {"tokens": tokens}, np.zeros((len(tokens), 1)), ["p"])
+
+    curves = {"a": curve("a", [0, 400, 800, 1200]), "b": curve("b", [0, 800, 1600])}
+    matched = matched_versions(curves, 800)
+    assert matched == {"a": 2, "b": 1}  # a's checkpoint at 800 is not its last
+    rows = pl.DataFrame({"run_id": ["a", "a", "b", "b"], "policy_version": [2, 3, 1, 2]})
+    assert choose(rows, ["a", "b"], matched) == ({"a": 2, "b": 1}, "matched")
+    assert choose(rows.filter(pl.col("policy_version") != 1), ["a", "b"], matched) == ({"a": 3, "b": 2}, "last")
+    assert matched_versions(curves, 1000) == {"a": None, "b": None}  # between checkpoints: no matched checkpoint
+
+
+def test_work_seconds_count_generation_and_training_but_not_evaluation_or_a_stopped_gap():
+    from tasks.compare.timing import stage_seconds, work_seconds
+
+    def rec(rnd, stage, t):
+        return {"run_id": "r", "round": rnd, "stage": stage, "committed_at": f"2026-01-01T00:{t // 60:02d}:{t % 60:02d}+00:00"}
+
+    class Records:
+        def records(self):
+            return [rec(None, "running-0", 0), rec(0, "pool", 1), rec(0, "select", 2), rec(0, "collect", 12),
+                    rec(0, "score", 13), rec(0, "teacher-ab12", 15), rec(0, "refine", 18), rec(0, "train", 30),
+                    rec(0, "evaluate", 50), rec(None, "failed-1", 55),
+                    rec(None, "resumed-2", 600), rec(1, "pool", 601), rec(1, "select", 602),  # stopped 545 s
+                    {**rec(1, "screen", 605), "tables": {"generated_tokens": {}}},  # a generating stage of a new name
+                    rec(1, "collect", 610), rec(1, "score", 611), rec(1, "train", 620), rec(1, "evaluate", 640),
+                    {**rec(1, "eval-v2-ext-ab12", 700), "tables": {"generated_tokens": {}}},  # external: not work
+                    {**rec(0, "collect", 5), "run_id": "other"}]
+
+    stages = stage_seconds(Records(), ["r"])["r"]
+    assert stages[0] == {"pool": 1, "select": 1, "collect": 10, "score": 1, "refine": 5, "train": 12, "evaluate": 20}
+    assert stages[1]["pool"] == 1  # counted from the resume, not from the failure
+    assert (stages[1]["other generation"], stages[1]["collect"]) == (3, 5)
+    assert [work_seconds(stages, v) for v in (0, 1, 2)] == [0, 27, 27 + 3 + 5 + 9]
+
+
+WORDS = [{"id": f"w{i}", "question": q, "answer": a} for i, (q, a) in enumerate(
+    [("Name a colour.", "blue"), ("Name a fruit.", "apple"), ("Name an animal.", "cat"), ("Name a month.", "may")])]
+# milestones every 1000 generated tokens and a budget of 1000: the scripted rounds here make 600-950 tokens, so
+# every run stops after round 1, at its milestone 1000 (the matched budget, a checkpoint of every run)
+MS_EVERY = MS_BUDGET = 1000
+HALF = MS_BUDGET // 2  # a design budget between two checkpoints: interpolated
+
+
+def _ms_sets(words: Path) -> list[str]:
+    """Milestone evaluation, a stratified held-out split, a budget, and a pool with a stratum the scripted
+    policy can never solve (no arithmetic in it)."""
+    from test_milestones import SETS as MILESTONES
+
+    pool = ('pool.sources=[{"source": "rg:products", "size": 10, "params": {"max_digits": 1}}, '
+            '{"source": "rg:chain_sum", "size": 10, "params": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}, '
+            f'{{"source": "{words}", "size": 4}}]')
+    return [*[s for s in MILESTONES if not s.startswith("pool.sources")], pool, f"eval.milestone_tokens={MS_EVERY}",
+            "eval.heldout_split=stratified", "eval.heldout_fraction=0.3", f"max_generated_tokens={MS_BUDGET}"]
+
+
+@pytest.fixture(scope="module")
+def milestoned(prefect_api, tmp_path_factory):
+    """`uniform` and `default` at 2 paired seeds, evaluated at milestones, with an external set, under an empty
+    shared config file (so benchmarks/evidence.py can check the runs against it)."""
+    from flows.compare import compare, plan
+    from storage.store import Store
+
+    tmp = tmp_path_factory.mktemp("milestoned")
+    words = tmp / "words.jsonl"
+    words.write_text("".join(json.dumps(r) + "\n" for r in WORDS))
+    data = tmp / "ext.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in EXTERNAL))
+    design = tmp / "design.toml"
+    design.write_text("# the tests' design: everything is in --set\n")
+    store, sets = Store(tmp / "store"), _ms_sets(words)
+    compare(["uniform", "default"], 2, "ev", sets, {}, 4, store.root, str(design), datasets=[str(data)])
+    return store, plan(["uniform", "default"], 2, "ev", sets, {}), sets, design, data
+
+
+def _at_milestone(store, run_id: str, budget: float) -> tuple[int, np.ndarray]:
+    """(the version evaluated at milestone `budget`, its per-prompt held-out pass@1 in prompt-id order)."""
+    v = sql(store, f"SELECT policy_version AS v FROM evals WHERE run_id = '{run_id}' AND split = 'heldout' AND "
+                   f"milestone = {int(budget)}").to_pylist()[0]["v"]
+    rows = sql(store, f"SELECT prompt_id, n_correct / n_samples AS p FROM eval_results WHERE run_id = '{run_id}' "
+                      f"AND split = 'heldout' AND policy_version = {v} ORDER BY prompt_id").to_pylist()
+    return v, np.array([r["p"] for r in rows])
+
+
+@pytest.mark.slow
+def test_the_seed_test_strata_budgets_and_pairs_match_a_direct_computation(milestoned):
+    import itertools
+
+    from tasks.core.seed_test import seeds_needed
+
+    store, planned, _, _, _ = milestoned
+    ev = build(store, "ev", planned, ["ext"], design_budgets=[HALF, 10**6])
+    budget = ev.budgets["tokens"]
+    assert budget == MS_BUDGET  # read at the milestone every run reached
+    runs = {(r.arm, r.seed): r.run_id for r in planned}
+    x = {k: _at_milestone(store, run, budget)[1] for k, run in runs.items()}
+    d = np.array([x["default", s].mean() - x["uniform", s].mean() for s in (0, 1)])
+    dec = ev.decisions["default"]
+    assert dec.paired_seeds == 2 and dec.test.d == pytest.approx(d.tolist())
+    flips = [abs(np.mean(np.array(signs) * d)) >= abs(d.mean()) - 1e-12 for signs in itertools.product((1, -1), repeat=2)]
+    assert dec.test.p == pytest.approx(np.mean(flips))
+    base = np.mean([x["uniform", s].mean() for s in (0, 1)])
+    assert dec.test.power_seeds == seeds_needed(float(np.std(d, ddof=1)), 0.1 * base)
+    assert ev.decisions["uniform"].test is None
+    # pass@1 at the design's budgets: halfway between the base model and the milestone; one past every run's
+    # reach is not reached
+    half = np.mean([(_at_milestone(store, runs["default", s], 0)[1] + x["default", s]).mean() / 2 for s in (0, 1)])
+    assert dec.at_design[HALF].mean == pytest.approx(half) and dec.at_design[10**6] is None
+    # the area under the curve: the trapezoid over each run's milestone checkpoints, over the budget
+    areas = []
+    for s in (0, 1):
+        marks = sql(store, f"SELECT milestone AS m, policy_version AS v FROM evals WHERE run_id = "
+                           f"'{runs['default', s]}' AND split = 'heldout' AND milestone <= {int(budget)} "
+                           "ORDER BY milestone").to_pylist()
+        ms = [r["m"] for r in marks]
+        ys = [_at_milestone(store, runs["default", s], m)[1].mean() for m in ms]
+        areas.append(np.trapezoid(ys, ms) / budget)
+    assert dec.auc.mean == pytest.approx(np.mean(areas))
+    # strata: the word prompts are flagged, hold no solved answer, and leave the second total
+    words = [s for s in ev.strata if s.name.endswith("words.jsonl")]
+    assert len(words) == 1 and words[0].never_solved and set(words[0].pass1.values()) == {0.0}
+    assert not any(s.never_solved for s in ev.strata if s is not words[0])
+    assert sum(s.prompts for s in ev.strata) == ev.heldout_prompts
+    strata = {r["stratum"]: r["n"] for r in sql(store, "SELECT stratum, count(*) AS n FROM pool WHERE run_id = "
+                                                      "'ev-uniform-s0' AND round = 0 AND status = 'heldout' "
+                                                      "GROUP BY ALL").to_pylist()}
+    assert {s.name: s.prompts for s in ev.strata} == strata
+    never = [r["prompt_id"] for r in sql(store, "SELECT prompt_id FROM pool WHERE run_id = 'ev-uniform-s0' AND round = 0 "
+                                                f"AND status = 'heldout' AND stratum = '{words[0].name}'").to_pylist()]
+    ids = sorted(r["prompt_id"] for r in sql(store, "SELECT prompt_id FROM pool WHERE run_id = 'ev-uniform-s0' AND "
+                                                    "round = 0 AND status = 'heldout'").to_pylist())
+    keep = np.array([p not in never for p in ids])
+    assert ev.without_never_solved["default"][0].mean == pytest.approx(
+        np.mean([x["default", s][keep].mean() for s in (0, 1)]))
+    # matched steps per pair: the smaller reach of the pair's runs; seconds: generation and training only
+    steps = {run: sql(store, f"SELECT count(*) AS n FROM train_steps WHERE run_id = '{run}'").to_pylist()[0]["n"]
+             for run in runs.values()}
+    assert dec.pairs["steps"].budget == min(steps.values())
+    for run in runs.values():
+        c = ev.curves[run]
+        for v, work, wall in zip(c.versions, c.costs["work_seconds"], c.costs["seconds"]):
+            trained = sql(store, f"SELECT coalesce(sum(seconds), 0) AS s FROM train_steps WHERE run_id = '{run}' "
+                                 f"AND round < {v}").to_pylist()[0]["s"]
+            assert trained <= work + 1e-6 and work <= wall + 1e-6  # holds the training, not the evaluations
+    assert dec.train_tokens == pytest.approx(np.mean([
+        sql(store, f"SELECT sum(n_tokens) AS n FROM train_steps WHERE run_id = '{runs['default', s]}'").to_pylist()[0]["n"]
+        for s in (0, 1)]))
+
+
+@pytest.mark.slow
+def test_the_external_set_is_scored_at_the_budget_milestone_and_read_there(milestoned):
+    from flows.compare import budget_checkpoint
+
+    store, planned, _, _, _ = milestoned
+    for i, r in enumerate(planned):
+        marks = sql(store, f"SELECT milestone AS m, policy_version AS v FROM evals WHERE run_id = '{r.run_id}' AND "
+                           f"split = 'heldout' AND milestone > 0 AND milestone <= {MS_BUDGET} ORDER BY m").to_pylist()
+        assert budget_checkpoint(store, r.run_id, MS_BUDGET) == marks[-1]["v"]
+        last = sql(store, f"SELECT max(policy_version) AS v FROM checkpoints WHERE run_id = '{r.run_id}'").to_pylist()[0]["v"]
+        scored = {x["v"] for x in sql(store, f"SELECT DISTINCT policy_version AS v FROM eval_results WHERE run_id = "
+                                             f"'{r.run_id}' AND split = 'dataset:ext'").to_pylist()}
+        assert scored == {marks[-1]["v"], last} | ({0} if i == 0 else set())
+    assert budget_checkpoint(store, planned[0].run_id, MS_BUDGET - 1) is None  # no milestone inside 999 tokens
+    ev = build(store, "ev", planned, ["ext"])
+    assert ev.external_at == {"ext": "matched"}
+    run = planned[1].run_id  # default, seed 0
+    v, _ = _at_milestone(store, run, ev.budgets["tokens"])
+    rows = sql(store, f"SELECT n_correct / n_samples AS p FROM eval_results WHERE run_id = '{run}' AND "
+                      f"split = 'dataset:ext' AND policy_version = {v} ORDER BY prompt_id").to_pylist()
+    default = next(f for f in ev.arms if f.arm == "default")
+    assert default.external["ext"]["all"][0].seeds == 2 and rows
+    page = markdown(ev, ["ext"], "# header", "## design")
+    assert "External set `ext`: pass@1 of each run's checkpoint at the matched budget" in page
+
+
+@pytest.mark.slow
+def test_evidence_json_for_the_calibration_arms(milestoned, tmp_path, capsys):
+    evidence = _evidence_script()
+    store, planned, sets, design, data = milestoned
+    args = ["--store", store.root, "--arms", "uniform,default", "--seeds", "2", "--config", str(design),
+            "--dataset", str(data), *[x for s in sets for x in ("--set", s)]]
+    assert evidence.main([*args, "--estimate"]) == 0
+    assert "4 planned run(s), 4 finished, 0 to run" in capsys.readouterr().out
+    out = tmp_path / "evidence.md"
+    assert evidence.main([*args, "--budgets", f"{HALF},1000000", "--out", str(out),
+                          "--json", str(tmp_path / "e.json")]) == 0
+    figures = json.loads((tmp_path / "e.json").read_text())
+    ev = build(store, "ev", planned, ["ext"], design_budgets=[HALF, 10**6])
+    default = figures["arms"]["default"]
+    want = ev.decisions["default"]
+    assert default["pass1_at_budget"] == pytest.approx(next(f for f in ev.arms if f.arm == "default").at["tokens"].mean)
+    assert default["vs_uniform"][0] == pytest.approx(np.mean(want.test.d)) and len(default["vs_uniform"]) == 3
+    assert default["relative_vs_uniform"] == pytest.approx(np.mean(want.test.d) / want.test.base_mean)
+    assert (default["seed_test_p"], default["paired_seeds"], default["power_seeds_needed"]) == (
+        want.test.p, 2, want.test.power_seeds)
+    assert default["informative_ratio"] == figures["default_informative"]
+    assert default["pass1_at"] == {str(HALF): pytest.approx(want.at_design[HALF].mean), "1000000": None}
+    assert figures["arms"]["uniform"]["seed_test_p"] is None and figures["arms"]["uniform"]["vs_uniform"] is None
+    strata = figures["heldout_strata"]
+    assert sum(s["prompts"] for s in strata.values()) == figures["heldout_prompts"]
+    assert [name.endswith("words.jsonl") for name, s in strata.items() if s["never_solved"]] == [True]
+    assert figures["external_checkpoint"] == {"ext": "matched"}
+    page = out.read_text()
+    for line in ("### The seed-level test beside the bootstrap", "**(never solved)**", "Totals with and without the "
+                 "never-solved strata", "| not reached |", "### Matched steps and seconds per pair",
+                 "| training tokens |", "--arms uniform,default --seeds 2",
+                 "Arms `uniform`, `default` at 2 paired seed(s)", "`default` >= `uniform` + 10% relative",
+                 f"the seed-level paired test significant at 5% (sign-flip p {want.test.p:.3f} over 2 seeds)"):
+        assert line in page, line
+    assert "| `default` | `rollout.lope_prefixes=0` |" in page
+
+
+def test_the_readme_evidence_paragraph_quotes_the_page():
+    """Every interval and count README's evidence paragraph quotes is on docs/evidence.md (README writes a
+    minus as −, the page as -)."""
+    import re
+
+    root = Path(__file__).parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    para = readme[readme.index("**The evidence does not yet favour"):readme.index("```bash")].replace("−", "-")
+    page = (root / "docs" / "evidence.md").read_text(encoding="utf-8")
+    quoted = re.findall(r"[+-]?\d\.\d{3} \[[+-]?\d\.\d{3}, [+-]?\d\.\d{3}\]", para)
+    assert len(quoted) >= 4
+    missing = [q for q in quoted if q not in page]
+    assert not missing, f"README quotes figures the page does not print: {missing}"
+    runs, hours = re.search(r"(\d+) runs, (\d+\.\d) hours", para).groups()
+    assert f"In all: {runs} runs, {hours} hours" in page
+    prompts, samples = re.search(r"(\d+) held-out prompts x (\d+) samples", para).groups()
+    assert f"({prompts} prompts x {samples} samples)" in page
+
+
+@pytest.mark.slow
+def test_the_committed_store_regenerates_the_committed_pages_figures():
+    """docs/evidence.md's verdict and every table are what the committed store gives today (README's command,
+    benchmarks/evidence_v1.toml): a change to how a figure is computed shows here before the page goes stale."""
+    from flows.compare import plan
+    from storage.store import Store
+
+    evidence = _evidence_script()
+    root = Path(__file__).parent.parent
+    planned = [r for arms, n in evidence.arm_groups(3, 1, ["no_lope"]) for r in plan(arms, n, "ev", [], {})]
+    ev = build(Store(root / "benchmarks" / "evidence" / "store"), "ev", planned, ["reasoning_gym_ood"],
+               design_budgets=list(evidence.BUDGETS))
+    body = markdown(ev, ["reasoning_gym_ood"], "# header", "## design")
+    page = (root / "docs" / "evidence.md").read_text(encoding="utf-8")
+    verdict = body[body.index("## Result against the goal"):body.index("## Tables")].strip()
+    tables = body[body.index("## Tables"):body.index("## Curves")]
+    assert verdict in page and tables in page
+    assert "| `refinery` | 3 | -0.059, -0.119, -0.127 |" in tables  # the seed-level line of the headline arm

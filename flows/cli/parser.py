@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "same pool and held-out split, paired seeds (flows/compare.py)")
     cp.add_argument("--arms", default="uniform,dapo_filter,eps_kmeans,refinery",
                     help="comma-separated arm names (built in: uniform, dapo_filter, eps, eps_kmeans, refinery, "
-                    "no_refine, no_shape, no_fewshot, no_lope)")
+                    "no_refine, no_shape, no_fewshot, no_lope, default)")
     cp.add_argument("--seeds", type=int, default=3, help="paired seeds 0..N-1 per arm (default 3)")
     cp.add_argument("--prefix", default="cmp", help="run ids are <prefix>-<arm>-s<seed> (default cmp)")
     cp.add_argument("--rounds", type=int, default=None)

@@ -23,6 +23,8 @@ with the comparison's prefix; docs/evidence.md prints the same queries, so each 
 - `DISCARDED`: rollouts generated and dropped (DAPO's zero-variance and surplus groups) as a share of all
   rollouts generated.
 - `TOKENS`: generated tokens by purpose (rollout, lope, teacher, mcmc, rescore, eval).
+- `TRAINED`: optimizer steps and the tokens they stepped on, per run (beside generated tokens; prefill is not
+  recorded anywhere).
 
 `arm_at` gives an arm's [seeds, prompts] pass@1 at a budget on one axis (tasks/core/curves.py), from which
 tasks/core/stats.py gives the mean, its interval and paired differences.
@@ -109,6 +111,13 @@ WHERE status IN ('running', 'resumed') AND next_at IS NOT NULL GROUP BY run_id O
 """.strip()
 
 
+# the tokens each run's optimizer stepped on (train_steps.n_tokens: response tokens of its training rows)
+TRAINED = """
+SELECT run_id, count(*) AS steps, sum(n_tokens) AS train_tokens FROM train_steps
+WHERE starts_with(run_id, '{prefix}') GROUP BY ALL ORDER BY run_id
+""".strip()
+
+
 def query(name: str, prefix: str, split: str = "heldout") -> str:
     """The text of query `name` for runs whose ids start with `prefix`- (names are checked, so the text
     needs no escaping)."""
@@ -116,7 +125,7 @@ def query(name: str, prefix: str, split: str = "heldout") -> str:
     if split != "heldout":
         check_name("split", split.removeprefix("dataset:"))
     return {"CHECKPOINTS": CHECKPOINTS, "PASS": PASS, "GROUPS": GROUPS, "DISCARDED": DISCARDED,
-            "TOKENS": TOKENS, "RUNTIME": RUNTIME}[name].format(prefix=f"{prefix}-", split=split)
+            "TOKENS": TOKENS, "RUNTIME": RUNTIME, "TRAINED": TRAINED}[name].format(prefix=f"{prefix}-", split=split)
 
 
 def frame(store: Store, name: str, prefix: str, split: str = "heldout") -> pl.DataFrame:

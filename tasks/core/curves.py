@@ -9,7 +9,9 @@ run's last checkpoint has no value). Interpolating each prompt keeps the [seeds,
 two-way bootstrap (tasks/core/stats.py) applies at any budget.
 
 The matched budget of a comparison is the smallest last-checkpoint cost over its runs: the largest budget
-every run reached.
+every run reached. `area_under` summarises a whole curve up to a budget (issue 49, item 5): the trapezoid over
+the measured checkpoints (milestones, where the run was evaluated at them) and the point at the budget, divided
+by the budget, per prompt, so the same bootstrap applies to it.
 """
 
 from __future__ import annotations
@@ -48,3 +50,22 @@ def matched_budget(last_costs) -> float:
         raise ValueError("no runs to match")
     return min(last)
 
+
+
+def area_under(costs, pass1, budget: float) -> np.ndarray | None:
+    """Per-prompt area under the pass@1-cost curve from the first checkpoint to `budget`, by the trapezoid rule
+    over the checkpoints up to it and the (interpolated) point at it, divided by the budget: a mean pass@1 over
+    the budget, so 1.0 is a prompt solved from the start. None when the run did not reach `budget`.
+
+    >>> area_under([0, 10, 30], [[0.0, 1.0], [0.5, 1.0], [1.0, 0.0]], 20).tolist()
+    [0.4375, 0.875]
+    """
+    end = at_budget(costs, pass1, budget)
+    if end is None or budget <= 0:
+        return None
+    c = np.asarray(costs, dtype=float)
+    p = np.asarray(pass1, dtype=float)
+    inside = c < budget
+    xs = np.concatenate([c[inside], [budget]])
+    ys = np.vstack([p[inside], end[None, :]])
+    return np.trapezoid(ys, xs, axis=0) / budget
