@@ -150,7 +150,7 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     reference."""
     from models.checkpoints import save_checkpoint
     from models.registry import release_backends, resolve
-    from storage.checkpoints import newest_checkpoint
+    from storage.checkpoints import newest_checkpoint, recorded_path
 
     run_id, round, policy_version, base = ctx.run_id, ctx.round, ctx.policy_version, ctx.base
     # read with the table's schema: token_ids / token_logprobs are null in files written before they existed
@@ -200,7 +200,7 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
         saved = newest_checkpoint(store, run_id, base, before_round=round)[1] if policy_version else path
     now = datetime.now(UTC)
     ckpt = [{"run_id": run_id, "policy_version": version, "parent_version": policy_version, "round": round,
-             "path": saved, "created_at": now}]
+             "path": recorded_path(store, saved), "created_at": now}]  # store-relative: the store can move
     if policy_version == 0 and round == 0:
         ckpt.insert(0, {"run_id": run_id, "policy_version": 0, "parent_version": None, "round": 0,
                         "path": resolve(base), "created_at": now})

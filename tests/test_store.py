@@ -4,7 +4,7 @@ import os
 import duckdb
 import pyarrow as pa
 import pytest
-from conftest import prompt_rows
+from conftest import prompt_rows, q
 
 from storage import query
 from storage.lineage import lineage
@@ -201,3 +201,28 @@ def test_a_column_added_later_reads_where_it_was_written_even_behind_older_files
     assert got.to_dicts() == [{"run_id": "b-new", "token_ids": [7, 2]}]
     both = query.table_rows_with_schema(store, "rollouts", ["run_id", "token_ids"]).sort("run_id")
     assert both["token_ids"].to_list() == [None, [7, 2]] and both.schema["token_ids"] == pl.List(pl.Int32)
+
+
+def test_a_moved_store_still_finds_its_checkpoints(tmp_path, tiny_backend):
+    """A local store records its own checkpoint folders relative to its root (storage/checkpoints.py), so a copy
+    of the store elsewhere (a committed fixture, a moved evidence store) resolves them in the copy; an absolute
+    path of an older row is read as it is."""
+    import shutil
+    from datetime import UTC, datetime
+
+    from models.checkpoints import save_checkpoint
+    from storage.checkpoints import newest_checkpoint, recorded_path
+
+    first = Store(tmp_path / "a")
+    saved = save_checkpoint(tiny_backend.model, tiny_backend.tokenizer, first, "m", 1)
+    row = {"run_id": "m", "policy_version": 1, "parent_version": 0, "round": 0,
+           "path": recorded_path(first, saved), "created_at": datetime.now(UTC)}
+    first.commit("train", {"checkpoints": pa.Table.from_pylist([row])}, run_id="m", round=0)
+    raw = q(first, "SELECT path FROM checkpoints")[0]["path"]
+    assert raw == "_checkpoints/run_id=m/v1"  # no checkout, no machine in the row
+    assert recorded_path(first, "/elsewhere/model") == "/elsewhere/model"  # not the store's own: as it is
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "a")
+    version, path = newest_checkpoint(Store(tmp_path / "b"), "m", "base")
+    assert version == 1 and path == str(tmp_path / "b" / "_checkpoints" / "run_id=m" / "v1")
+    assert (tmp_path / "b" / "_checkpoints" / "run_id=m" / "v1" / "config.json").exists()
