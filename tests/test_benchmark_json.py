@@ -28,6 +28,11 @@ QUICK = {
     "prefect_start.py": (["--repeats", "1"], {"prefect_seeded_speedup", "prefect_first_run_new_s",
                                                "prefect_first_run_seeded_s", "run_start_at_flow_s",
                                                "run_start_early_s", "run_start_saved_s"}),
+    "screening.py": (["--model", "tiny-random", "--set", "model.backend=scripted", "--set", "select.batch_size=6",
+                      "--set", "rollout.group_size=4", "--set", "rollout.fewshot_k=0", "--set", "select.embedder=hashing",
+                      "--set", 'pool.sources=[{"source": "rg:products", "size": 40, "params": {"max_digits": 1}}]',
+                      "--thresholds", "0.7"],
+                     {"informative_per_1k_off", "informative_per_1k_t0p7", "ratio_t0p7", "zero_variance_t0p7"}),
     "shape.py": (["--model", "tiny-random", "--traces", "2", "--steps", "1", "--max-new-tokens", "8", "--seeds", "2"],
                  {"shape_batched_s", "shape_batched_speedup", "shape_decisions_agree", "shape_decisions"}),
 }

@@ -13,13 +13,16 @@ Method. Each candidate first gets k_s screening samples (default 2 of G). Then:
 - otherwise the screen's k_s samples are all the prompt gets this round (`screened_out`).
 
 Choices, and why:
-- Default threshold 0.5 **(ours)**: a top-up costs G − k_s samples and yields P(informative) groups, i.e. at the
-  threshold 0.5 · G / (G − k_s) ≈ 0.67 informative groups per G samples at G = 8, k_s = 2: about what plain
-  rollouts yield (uniform's informative ratio was 0.57–0.70 in the evidence runs), so a top-up below it buys
-  less than screening a fresh candidate. With the Beta(1, 1) floor of the bin prior a prompt's posterior stays
-  broad: a prompt alone in a new bin after 2 failures is Beta(1, 5), P = 0.55, topped up; one whose bin has
-  shown only failures is Beta(1, 7) or narrower, P <= 0.46, screened out; in a bin passing 35% of the time a
-  2-failure screen still gives P ≈ 0.8, topped up.
+- Default threshold 0.7 **(ours, measured)**. The break-even argument gives 0.5: a top-up costs G − k_s samples
+  and yields P(informative) groups, 0.5 · G / (G − k_s) ≈ 0.67 informative groups per G samples at G = 8,
+  k_s = 2, about what plain rollouts yield. But the posterior is over-confident in that band: it pools a bin's
+  prompts as one Beta, while a bin's prompts differ (some always fail, some always pass), so a bin passing 35%
+  of the time predicts P ≈ 0.8 for a prompt that failed twice although that prompt is often one that never
+  passes. Measured on the embedded policy (round 0 of the evidence design's pool, B = 48, G = 8, 2 seeds;
+  `python benchmarks/screening.py --seed S`): at 0.5, 73 and 97 posterior top-ups of which 54 and 72 came out
+  all-equal, 2.05 and 1.64 informative groups per 1k collect tokens, no better than no screening (1.46,
+  1.97); at 0.7, 15 and 34 top-ups (4 and 10 all-equal), 3.00 and 3.04; at 0.9 and 1.0 (seed 0) 2.74 and
+  2.58, fewer groups kept (short by 6 and 9).
 - The posterior (α', β') is the caller's: tasks/sampling/screening.py pools the run's earlier groups and every
   screen of the round so far, so a bin's unanimous screens in round 0 already teach its other members.
 - Refills are ordered by a prediction that costs no tokens (`refill_order`): one Thompson draw per candidate,

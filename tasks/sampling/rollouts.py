@@ -56,7 +56,7 @@ class RolloutConfig(Section):
                                 "discarded_rollouts and free their tokens for more prompts (0, or >= group_size: "
                                 "off, G samples at once; not under dapo_filter or `all`; runs stored without "
                                 "it resume with 0)")
-    screen_topup_threshold: float = Field(0.5, ge=0.0, le=1.0, description="screening: top up a unanimous screen "
+    screen_topup_threshold: float = Field(0.7, ge=0.0, le=1.0, description="screening: top up a unanimous screen "
                                           "when the posterior's P(the full group is mixed) is at least this")
     screen_max_batches: int = Field(4, ge=1, le=1000, description="screening: generation batches per round at "
                                     "most, the selection included; refills screen further candidates until B "
