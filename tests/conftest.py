@@ -168,3 +168,25 @@ def assert_trains_alike(b, flag: str, dtype: str = "fp32") -> None:
     for n in w0:
         assert torch.allclose(w0[n], w1[n], rtol=1e-5, atol=1e-6), n
     assert any(not torch.equal(w0[n], dict(b.model.named_parameters())[n]) for n in w0)  # it did train
+
+
+def wait_for_flag(proc, flag, what: str, timeout: float = 300.0, poll: float = 0.05) -> None:
+    """Wait until the subprocess `proc` writes `flag` (a fault point's marker: REFINERY_FAULT_FLAG), failing if it
+    ends first or `timeout` passes; `what` names the point in the failure."""
+    import time
+
+    deadline = time.time() + timeout
+    while not flag.exists():
+        assert proc.poll() is None, f"the process ended before reaching {what}"
+        assert time.time() < deadline, f"the process never reached {what}"
+        time.sleep(poll)
+
+
+def kill_at_flag(proc, flag, what: str, timeout: float = 300.0) -> None:
+    """`wait_for_flag`, then SIGKILL the process and reap it: a crash at exactly that point."""
+    import os
+    import signal
+
+    wait_for_flag(proc, flag, what, timeout)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()

@@ -5,7 +5,7 @@ import signal
 import time
 
 import pytest
-from conftest import run_python
+from conftest import kill_at_flag, run_python
 
 from storage import query
 from storage.store import Store
@@ -38,13 +38,7 @@ def test_sigkill_mid_commit_leaves_store_unchanged(store, tmp_path, point):
     flag = tmp_path / "reached"
     code = "import sys; sys.path.insert(0, 'tests')\n" + WRITER.format(root=store.root)
     proc = run_python(code, env={"REFINERY_FAULT": point, "REFINERY_FAULT_FLAG": str(flag)})
-    deadline = time.time() + 120
-    while not flag.exists():
-        assert proc.poll() is None, "writer exited before reaching the fault point"
-        assert time.time() < deadline, "writer never reached the fault point"
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_at_flag(proc, flag, "the writer's fault point", timeout=120)
 
     # debris is on disk, but no reader sees it
     assert store.fs.glob(store.path(".tmp", "*"))

@@ -3,13 +3,13 @@
 import contextlib
 import io
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import kill_at_flag
 
 from flows.config import load_config
 from storage.query import sql
@@ -221,13 +221,7 @@ def test_sigkill_mid_stage_then_resume(prefect_api, uninterrupted, tmp_path, poi
     rerunning the run id finishes with exactly the rows of an uninterrupted run of the same config."""
     store, flag = Store(tmp_path / "store"), tmp_path / "reached"
     proc = _run(store, "crash", {"REFINERY_FAULT": point, "REFINERY_FAULT_FLAG": str(flag)}, sets="train")
-    deadline = time.time() + 300
-    while not flag.exists():
-        assert proc.poll() is None, f"the run ended before reaching {point}"
-        assert time.time() < deadline
-        time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_at_flag(proc, flag, point)
     stage = point.split(":")[0]
     assert store.landed("crash", 0, "score" if stage != "collect" else "pool")
     assert not store.landed("crash", 0, stage)

@@ -12,7 +12,7 @@ import time
 import uuid
 
 import pytest
-from conftest import ROOT, run_cli, run_python
+from conftest import ROOT, kill_at_flag, run_cli, run_python
 from test_eval_dataset import SETS as SCRIPTED
 
 from storage.query import sql
@@ -91,13 +91,7 @@ def test_a_run_killed_mid_collect_resumes_on_s3_with_the_rows_of_an_uninterrupte
     env = {"PREFECT_API_URL": PREFECT_API_URL.value() or "", "REFINERY_FAULT": "collect:mid",
            "REFINERY_FAULT_FLAG": str(flag)}
     proc = run_python(RUN.replace("sys.argv[1]", repr(root)), env=env)
-    deadline = time.time() + 300
-    while not flag.exists():
-        assert proc.poll() is None, "the run ended before reaching collect:mid"
-        assert time.time() < deadline
-        time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_at_flag(proc, flag, "collect:mid")
     store = Store(root)
     assert store.landed("s3run", 0, "select") and not store.landed("s3run", 0, "collect")
 

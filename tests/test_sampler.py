@@ -4,15 +4,13 @@ started again with the same command; the batches its model trained on are the st
 repeated and none skipped. Also what the sampler refuses."""
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import q, run_cli
+from conftest import kill_at_flag, q, run_cli
 
 from flows.sampler import Sampler
 from storage.runs import RunLocked
@@ -38,13 +36,7 @@ def test_a_killed_loop_resumes_on_the_same_batches(store, tmp_path):
 
     ckpt, flag = tmp_path / "loop.pt", tmp_path / "reached"
     proc = loop(store, ckpt, {"REFINERY_FAULT": "sampler:observed:1", "REFINERY_FAULT_FLAG": str(flag)})
-    deadline = time.time() + 300
-    while not flag.exists():
-        assert proc.poll() is None, f"the loop exited before the fault point: {proc.stdout.read()}"
-        assert time.time() < deadline, "the loop never reached the fault point"
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_at_flag(proc, flag, "the sampler loop's fault point")
     # killed between round 1's landed observation and the loop's checkpoint of step 1
     assert torch.load(ckpt, weights_only=False)["step"] == 1 and store.landed("ext", 1, "score")
 

@@ -9,14 +9,12 @@ The pure decisions are tested on made-up posteriors; the stage and the flow on t
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
-from conftest import q, round_ctx
+from conftest import kill_at_flag, q, round_ctx
 
 from flows.config import load_config
 from storage.store import Store
@@ -215,13 +213,7 @@ def test_sigkill_mid_screening_then_rerun_lands_the_same_rows(store, tmp_path):
     env = {**os.environ, "REFINERY_FAULT": "collect:mid", "REFINERY_FAULT_FLAG": str(flag)}
     proc = subprocess.Popen([sys.executable, "-c", RUN, store.root], env=env,
                             cwd=os.path.dirname(os.path.dirname(__file__)))
-    deadline = time.time() + 300
-    while not flag.exists():
-        assert proc.poll() is None, "the process ended before reaching collect:mid"
-        assert time.time() < deadline
-        time.sleep(0.1)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    kill_at_flag(proc, flag, "collect:mid")
     assert store.landed("k", 0, "select") and not store.landed("k", 0, "collect")
     from tasks.collect import collect_task
 

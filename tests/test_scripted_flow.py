@@ -346,8 +346,12 @@ def test_each_round_samples_the_checkpoint_the_last_one_trained(run):
     from models.hf.backend import TransformersBackend
 
     store, _ = run
-    paths = {r["policy_version"]: r["path"] for r in q(store, f"SELECT policy_version, path FROM checkpoints "
-                                                              f"WHERE run_id = '{RUN}'")}
+    recorded = {r["policy_version"]: r["path"] for r in q(store, f"SELECT policy_version, path FROM checkpoints "
+                                                                 f"WHERE run_id = '{RUN}'")}
+    assert recorded[1] == "_checkpoints/run_id=scripted/v1"  # relative to the store: it can move
+    from storage.checkpoints import checkpoint_versions
+
+    paths = dict(checkpoint_versions(store, RUN).select("policy_version", "path").iter_rows())
     assert sorted(paths) == [0, 1, 2, 3]
     w0, w1 = (load_file(f"{paths[v]}/model.safetensors") for v in (0, 1))
     assert any(not torch.equal(w0[k], w1[k]) for k in w0)
