@@ -63,8 +63,9 @@ VIEWPORT = {"width": 1400, "height": 1000}
 NUMBERS = {
     "config.Rounds": 1,
     "config.Rollout.Group Size": 4, "config.Rollout.Max New Tokens": 4, "config.Rollout.Lope Max Groups": 2,
+    "config.Rollout.Screen Samples": 0,  # full groups: the tiny random model never solves, so every screen would be dropped
     "config.Select.Batch Size": 6,
-    "config.Refine.Max Children": 4, "config.Refine.Max Per Strategy": 2, "config.Refine.Teacher Max New Tokens": 16,
+    "config.Refine.Max Children": 4, "config.Refine.Max Per Strategy": 2, "config.Teacher.Max New Tokens": 16,
     "config.Shape.Steps": 2, "config.Shape.Max Traces": 2, "config.Shape.Max New Tokens": 4,
     "config.Eval.N Samples": 2, "config.Eval.K": 2,
 }
