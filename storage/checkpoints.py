@@ -7,7 +7,7 @@ version, and the newest trained version is the newest version there is.
 
 Paths: a local store records its own checkpoint folders relative to its root (`_checkpoints/run_id=<run>/v<N>`:
 `recorded_path`), so a store that is moved, copied or committed (the golden fixtures, the evidence store) still
-finds them; reading resolves them against the store's root (`resolved_path`), so every caller sees a folder it
+finds them; reading resolves them against the store's root (`checkpoint_versions`), so every caller sees a folder it
 can load. Rows written before hold absolute paths and are read as they are; a remote store records URIs.
 """
 
@@ -33,17 +33,16 @@ def recorded_path(store: Store, path: str) -> str:
     return path
 
 
-def resolved_path(store: Store, path: str) -> str:
-    """A recorded checkpoint path as a folder to load: a store-relative one under this store's root."""
-    return str(Path(store.root, path)) if store.local and path.startswith(OWN) else path
-
-
 def checkpoint_versions(store: Store, run_id: str) -> pl.DataFrame:
     """The run's recorded checkpoints, oldest first: one row per policy_version (round, path resolved against
     the store, parent_version, created_at)."""
     rows = (scan(store, "checkpoints").filter(pl.col("run_id") == run_id)
             .unique(["run_id", "policy_version"]).sort("policy_version").collect())
-    return rows.with_columns(pl.col("path").map_elements(lambda p: resolved_path(store, p), return_dtype=pl.String))
+    if not store.local:
+        return rows
+    own = pl.col("path").str.starts_with(OWN)
+    return rows.with_columns(pl.when(own).then(pl.lit(str(Path(store.root)) + "/") + pl.col("path"))
+                             .otherwise(pl.col("path")).alias("path"))
 
 
 def newest_checkpoint(store: Store, run_id: str, base: str, before_round: int | None = None) -> tuple[int, str]:

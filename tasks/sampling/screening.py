@@ -42,11 +42,10 @@ import polars as pl
 import pyarrow as pa
 
 from models.backend import Backend, Sampling
-from storage.rounds import prompts as prompt_table
 from storage.store import Store, fault_point
 from tasks.core.dapo import SCREENED_OUT, SURPLUS, ZERO_VARIANCE, dynamic_sampling, has_variance
 from tasks.core.fewshot import fewshot_messages
-from tasks.core.passrate import pass_counts, posterior, prompt_bins
+from tasks.core.passrate import pass_counts, posterior
 from tasks.core.rewards import RewardConfig
 from tasks.core.screening import MIXED, POSTERIOR, SCREENED, refill_order, screen_decisions
 from tasks.reporting.progress import sig4
@@ -56,7 +55,7 @@ from tasks.sampling.verified import generate_verified
 from tasks.select import SelectConfig
 from tasks.selectors import selector
 from tasks.selectors.base import RoundView
-from tasks.selectors.thompson import PRIOR_STRENGTH, run_history
+from tasks.selectors.thompson import PRIOR_STRENGTH, bins_of, run_history
 from tasks.stage import RoundContext
 
 SCREEN_OVERSAMPLE = 2.0  # a refill screens ceil(this * the groups still missing) candidates
@@ -68,13 +67,6 @@ def screening_applies(cfg: RolloutConfig, selector_name: str) -> bool:
     """Whether this round screens (see the module docstring for where it does not)."""
     chosen = selector(selector_name)
     return 0 < cfg.screen_samples < cfg.group_size and not chosen.generates and not chosen.whole_pool
-
-
-def bins_of(store: Store, ids: set[str]) -> pl.DataFrame:
-    """(prompt_id, bin) of `ids`, their roots' rows included (a child's difficulty: passrate.py `prompt_bins`)."""
-    table = prompt_table(store, "source", "params", "meta", "transform", "root_id", "answer").collect()
-    roots = table.filter(pl.col("prompt_id").is_in(list(ids)))["root_id"].drop_nulls().to_list()
-    return prompt_bins(table.filter(pl.col("prompt_id").is_in(list(ids)) | pl.col("prompt_id").is_in(roots)))
 
 
 def summed(*counts: pl.DataFrame) -> pl.DataFrame:
@@ -91,7 +83,8 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
     candidates = pl.concat([first, pool.filter(~pl.col("prompt_id").is_in(chosen))]).sort("prompt_id")
     history, _ = run_history(RoundView(ctx, store, 0))  # the run's groups before this round, as pass counts
     bins = bins_of(store, set(candidates["prompt_id"].to_list()) | set(history["prompt_id"].to_list()))
-    rest = [i for i in candidates["prompt_id"].to_list() if i not in set(chosen)]
+    taken = set(chosen)
+    rest = [i for i in candidates["prompt_id"].to_list() if i not in taken]
     before = in_order(posterior(bins, history, PRIOR_STRENGTH), rest)
     queue = chosen + refill_order(rest, before["alpha"].to_numpy(), before["beta"].to_numpy(), select_cfg.seed,
                                   ctx.round, g)

@@ -53,6 +53,14 @@ def run_history(view: RoundView) -> tuple[pl.DataFrame, int]:
     return counts, g
 
 
+def bins_of(store, ids: set[str]) -> pl.DataFrame:
+    """(prompt_id, bin) of `ids` and of their roots (a child takes its difficulty from its root: passrate.py
+    `prompt_bins`), from one read of the prompts table."""
+    table = prompts(store, "source", "params", "meta", "transform", "root_id", "answer").collect()
+    roots = table.filter(pl.col("prompt_id").is_in(list(ids)))["root_id"].drop_nulls().to_list()
+    return prompt_bins(table.filter(pl.col("prompt_id").is_in(list(ids)) | pl.col("prompt_id").is_in(roots)))
+
+
 @register
 class Thompson(Selector):
     name = "thompson"
@@ -63,11 +71,7 @@ class Thompson(Selector):
     def select(self, candidates: Candidates, view: RoundView, cfg: Settings) -> Picks:
         counts, g = run_history(view)
         ids = candidates.ids
-        known = set(ids) | set(counts["prompt_id"].to_list())
-        table = prompts(view.store, "source", "params", "meta", "transform", "root_id", "answer").collect()  # once
-        rows = table.filter(pl.col("prompt_id").is_in(list(known)))
-        wanted = pl.col("prompt_id").is_in(list(known)) | pl.col("prompt_id").is_in(rows["root_id"].drop_nulls().to_list())
-        bins = prompt_bins(table.filter(wanted))  # the known prompts and their roots (a child's difficulty)
+        bins = bins_of(view.store, set(ids) | set(counts["prompt_id"].to_list()))
         post = (pl.DataFrame({"prompt_id": ids}).join(posterior(bins, counts, PRIOR_STRENGTH), on="prompt_id",
                                                       how="left", maintain_order="left"))
         x = candidates.x
