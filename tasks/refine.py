@@ -10,8 +10,10 @@ checks, and the batched rewrite gate for free-text rewrites: tasks/strategies/ga
 
 Routing, with the built-in strategies:
 - too_hard / flat originals -> the format ladder (enter at mcq4), hint_prefix, teacher_scaffold;
+- too_hard reasoning-gym arithmetic originals, and too_hard soften rungs -> soften (one step easier);
 - saturated originals from reasoning-gym -> harden (others just go to reserve);
-- ladder rungs and hint children whose mean reward exceeds the promotion threshold -> one step harder;
+- ladder rungs, hint children and soften rungs whose mean reward exceeds the promotion threshold -> one step
+  harder;
 - informative prompts are left unchanged.
 
 Choices, and why:
@@ -58,14 +60,14 @@ from tasks.strategies.gate import (
 from tasks.strategies.ledger import Ledger
 from tasks.strategies.teacher_calls import Teacher, TeacherConfig, ask_teacher, teacher_cache
 
-StrategyName = Literal["ladder", "hint_prefix", "teacher_scaffold", "harden"]  # in routing order
+StrategyName = Literal["ladder", "soften", "hint_prefix", "teacher_scaffold", "harden"]  # in routing order
 
 
 class RefineConfig(Section):
     """Refinement of too-hard, flat and saturated prompts into children (docs/algorithms.md §3)."""
 
     strategies: list[StrategyName] = Field(
-        default_factory=lambda: ["ladder", "teacher_scaffold", "hint_prefix", "harden"],
+        default_factory=lambda: ["ladder", "soften", "teacher_scaffold", "hint_prefix", "harden"],
         description="enabled strategies (each a file under tasks/strategies/); an empty list turns refinement off")
     max_children: int = Field(24, ge=0, le=100_000, description="refinements per round, all strategies")
     max_per_strategy: int = Field(8, ge=0, le=100_000, description="refinements per round and strategy")

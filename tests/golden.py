@@ -47,6 +47,7 @@ RUNS = {
         "rollout.include_reserve=true", "select.embedder=hashing", "select.batch_size=6",
         "refine.teacher_max_new_tokens=16", "rollout.lope_prefixes=6", "rollout.lope_max_groups=2",
         "refine.scaffolds_from_policy=true", "governor.enabled=false",
+        'refine.strategies=["ladder", "teacher_scaffold", "hint_prefix", "harden"]',  # as the stores were written
         "eval.decoding=sampled", "eval.milestone_tokens=0", "eval.heldout_split=flat",  # as the stores were written
         "pool.rg_solutions=false",  # as the stores were written
         "rollout.screen_samples=0",  # as the stores were written (G samples at once)

@@ -1,8 +1,9 @@
 """The pool's per-round status rules (docs/algorithms.md §2): which prompts are active, in reserve, retired.
 
 From the previous round's pool and scores: a non-informative original goes to reserve, a reserve prompt
-that scored informative again comes back, a prompt whose ladder child was promoted retires, and the children
-refinement accepted join as active. The scores are the policy's own samples (tasks/core/eps.py): a
+that scored informative again comes back, a prompt whose ladder child was promoted retires, a soften rung that
+was softened further retires (its easier child replaces it), and the children refinement accepted join as
+active. The scores are the policy's own samples (tasks/core/eps.py): a
 LoPE-rescued group counts as too_hard, so its original moves to reserve rather than staying active on its
 replacements.
 """
@@ -19,7 +20,8 @@ def next_pool(pool: pl.DataFrame, scores: pl.DataFrame, prompts: pl.DataFrame, r
     - an active original whose bucket is not informative moves to reserve (it is not discarded);
     - a reserve prompt that scored informative (EPS > tau) again is reactivated;
     - accepted refinement children join as active; a promotion retires the easier variant and activates
-      the harder one (for the last rung, the original question itself);
+      the harder one (for the last rung, the original question itself); a `soften` child of a soften rung
+      retires that rung (a softened original goes to reserve by the first rule);
     - everything else keeps its status. Prompts without a score keep theirs.
     `prompts` supplies each prompt's transform (only originals go to reserve; rewrites stay active).
     """
@@ -39,7 +41,10 @@ def next_pool(pool: pl.DataFrame, scores: pl.DataFrame, prompts: pl.DataFrame, r
     out = joined.select("prompt_id", status.alias("status"), "level")
     if refinements is not None and refinements.height:
         acc = refinements.filter(pl.col("accepted"))
-        retired = acc.filter(pl.col("strategy") == "promote")["parent_id"]
+        kinds = prompts.select(pl.col("prompt_id").alias("parent_id"), pl.col("transform").alias("_parent"))
+        replaced = acc.join(kinds, on="parent_id", how="left").filter(
+            (pl.col("strategy") == "promote") | ((pl.col("strategy") == "soften") & (pl.col("_parent") == "soften")))
+        retired = replaced["parent_id"]
         born = acc.select("child_id").unique()
         out = out.with_columns(status=pl.when(pl.col("prompt_id").is_in(retired.implode())).then(pl.lit("retired"))
                                .when(pl.col("prompt_id").is_in(born["child_id"].implode())).then(pl.lit("active"))

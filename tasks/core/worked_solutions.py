@@ -196,6 +196,18 @@ def _evaluate(node: Node, steps: list[str]) -> int:
     return a + b if kind == "+" else a - b
 
 
+def value_of(expression: str) -> int:
+    """The exact integer value of `expression` (NoSolution where it has none: an inexact division, a bad token).
+
+    >>> value_of("42 * 5"), value_of("7 - 9 + 3")
+    (210, 1)
+    """
+    try:
+        return _evaluate(parse(expression), [])
+    except RecursionError:
+        raise NoSolution("too deeply nested") from None
+
+
 def arithmetic_solution(expression: str, answer: str) -> str | None:
     """The worked solution of `expression` ending in `\\boxed{answer}`, or None when its value is not `answer`.
 
