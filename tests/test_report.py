@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pytest
 from conftest import q
@@ -28,7 +29,7 @@ from test_curriculum import TINY  # noqa: E402
 
 SYN = "Syn_Run.1"  # not a valid artifact key as it is: slug() makes it syn-run-1-<hash>
 TABLE_OF_PLOT = {"pass_rate": "prompt_scores", "eps": "prompt_scores", "buckets": "prompt_scores",
-                 "lineage": "refinements", "eval": "evals", "train_loss": "train_steps"}
+                 "lineage": "refinements", "eval": "evals", "train_loss": "train_steps", "calibration": "predictions"}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,19 @@ def synthetic(tmp_path_factory) -> Store:
                                "pass_at_1": rng.uniform(0, 0.5, 2 if r == 0 else 1),
                                "pass_at_k": rng.uniform(0.5, 1, 2 if r == 0 else 1)}),
         }
+        # the pass-rate model's predictions for 12 prompts, and 4 own samples of each with a pass rate near them
+        p = rng.uniform(0, 1, 12)
+        tables["predictions"] = pa.table({
+            "run_id": [SYN] * 12, "round": pa.array([r] * 12, pa.int32()), "prompt_id": ids[:12],
+            "selector": ["screening"] * 12, "bin": ["b"] * 12, "alpha": p * 8 + 1, "beta": (1 - p) * 8 + 1,
+            "predicted_pass_rate": p, "predicted_informative": p * (1 - p) * 4, "draw": [None] * 12,
+            "picked": [True] * 12})
+        ok = [bool(x) for x in (rng.uniform(0, 1, 48) < np.repeat(p, 4))]
+        tables["rollouts"] = pa.table({
+            "run_id": [SYN] * 48, "round": pa.array([r] * 48, pa.int32()), "policy_version": [r] * 48,
+            "prompt_id": [i for i in ids[:12] for _ in range(4)], "sample_idx": list(range(4)) * 12,
+            "prompt_text": ["q"] * 48, "completion": ["a"] * 48, "reward": [float(x) for x in ok], "correct": ok,
+            "n_tokens": [3] * 48, "mean_logprob": [-1.0] * 48, "finish_reason": ["stop"] * 48})
         store.commit("synthetic", tables, run_id=SYN, round=r)
     return store
 
@@ -297,3 +311,27 @@ def test_a_remote_store_reports_into_a_local_folder(tmp_path, monkeypatch):
     check_folder(folder, {"pass_rate", "eps", "buckets"})  # no refinements, evals or training: noted, not drawn
     with pytest.raises(ValueError, match=f"run 'n' is not in the store memory://report-test-{tmp_path.name}"):
         write_report(store, "n")
+
+
+def test_the_calibration_table_is_the_predictions_beside_the_own_samples():
+    """Two predictors, hand-counted: screening predicted 0.25 and 0.85 for prompts whose own samples passed 1 of 4
+    and 3 of 4 (a few-shot-assisted success is not the prompt's own, a LoPE replacement counts as a failure);
+    thompson predicted 0.5 for a prompt that passed 0 of 2, and a prompt nobody sampled is left out."""
+    preds = pl.DataFrame({"selector": ["screening", "screening", "thompson", "thompson"], "round": [1, 1, 1, 1],
+                          "prompt_id": ["a", "b", "a", "z"], "predicted_pass_rate": [0.25, 0.85, 0.5, 0.9]})
+    lope = json.dumps({"lorem_perturb": {"replaced": True, "own_reward": 0.0}})
+    fewshot = json.dumps({"fewshot_context": {"k": 1}})
+    samples = pl.DataFrame({
+        "round": [1] * 9, "prompt_id": ["a"] * 4 + ["b"] * 5,
+        "reward": [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0], "correct": [True, False, False, True, True, True,
+                                                                              True, False, True],
+        "augmentation": [None, None, None, lope, None, None, None, None, fewshot]})
+    cal = report_plots.calibration_frame(preds, samples)
+    assert cal.select("selector", "prompt_id", "successes", "failures").rows() == [
+        ("screening", "a", 1, 3), ("screening", "b", 3, 1), ("thompson", "a", 1, 3)]
+    summary = {r["selector"]: r for r in report_plots.calibration_summary(cal).to_dicts()}
+    s = summary["screening"]
+    assert (s["prompts"], s["samples"]) == (2, 8) and s["observed"] == 0.5 and abs(s["predicted"] - 0.55) < 1e-12
+    # deciles 2 and 8: |0.25 - 0.25| and |0.85 - 0.75|, weighted 4 and 4
+    assert abs(s["calibration_error"] - 0.05) < 1e-12
+    assert abs(summary["thompson"]["calibration_error"] - 0.25) < 1e-12

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import polars as pl
 import pytest
 from conftest import kill_at_flag, q, round_ctx
 
@@ -288,3 +289,26 @@ def test_two_screened_rounds_land_their_rows_and_tokens(prefect_api, tmp_path):
         assert r["tokens"] == r["kept"] + r["gone"] == c["screen_tokens"] + c["topup_tokens"], r
     baseline = measures(store, "scr", 2)["rollout"]
     assert [baseline[r].tokens for r in (0, 1)] == [r["tokens"] for r in per_round]
+    # the pass-rate model's prediction for every prompt screened lands before the round generated anything
+    # (the posterior of the earlier rounds' groups), beside the thompson selector's own predictions
+    from tasks.core.passrate import pass_counts, posterior
+    from tasks.selectors.thompson import PRIOR_STRENGTH, bins_of
+
+    made = q(store, "SELECT selector, round, prompt_id, predicted_pass_rate AS p, predicted_informative AS pi "
+                    "FROM predictions WHERE run_id = 'scr' ORDER BY selector, round, prompt_id")
+    screened = [r for r in made if r["selector"] == "screening"]
+    assert {r["selector"] for r in made} == {"screening", "thompson"}
+    drawn = q(store, """SELECT DISTINCT round, prompt_id FROM (SELECT round, prompt_id FROM rollouts WHERE run_id = 'scr'
+                        UNION ALL SELECT round, prompt_id FROM discarded_rollouts WHERE run_id = 'scr')
+                        ORDER BY round, prompt_id""")
+    assert [(r["round"], r["prompt_id"]) for r in screened] == [(d["round"], d["prompt_id"]) for d in drawn]
+    assert {r["p"] for r in screened if r["round"] == 0} == {0.5}  # nothing generated before round 0
+    before = pl.DataFrame(q(store, """
+        SELECT prompt_id, reward, correct, augmentation FROM rollouts WHERE run_id = 'scr' AND round = 0 UNION ALL
+        SELECT prompt_id, reward, correct, augmentation FROM discarded_rollouts WHERE run_id = 'scr' AND round = 0"""),
+        schema={"prompt_id": pl.String, "reward": pl.Float64, "correct": pl.Boolean, "augmentation": pl.String})
+    later = [r for r in screened if r["round"] == 1]
+    want = posterior(bins_of(store, {r["prompt_id"] for r in later} | set(before["prompt_id"])), pass_counts(before),
+                     PRIOR_STRENGTH)
+    mean = dict(zip(want["prompt_id"], (want["alpha"] / (want["alpha"] + want["beta"])).to_list()))
+    assert all(abs(r["p"] - mean[r["prompt_id"]]) < 1e-12 for r in later) and len({r["p"] for r in later}) > 1

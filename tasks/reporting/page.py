@@ -28,7 +28,16 @@ import polars as pl
 from storage.query import connect
 from storage.store import Store
 from tasks.core.eps import ROUND_OWN_SCORES
-from tasks.reporting.plots import PLOT_SOURCES, PLOTS, bucket_counts, score_summary, train_summary, transitions
+from tasks.reporting.plots import (
+    PLOT_SOURCES,
+    PLOTS,
+    bucket_counts,
+    calibration_frame,
+    calibration_summary,
+    score_summary,
+    train_summary,
+    transitions,
+)
 
 MARKER = "report.json"  # marks a folder as a report, which write_report may replace
 
@@ -44,6 +53,9 @@ _QUERIES = {
              "ORDER BY policy_version, round, split",
     "train": "SELECT round, step, policy_version, loss, pg_loss, sft_loss, kl, n_tokens FROM train_steps WHERE {w} "
              "ORDER BY round, step",
+    "predictions": "SELECT selector, round, prompt_id, predicted_pass_rate FROM predictions WHERE {w}",
+    "samples": """SELECT round, prompt_id, reward, correct, augmentation FROM rollouts WHERE {w} UNION ALL
+                  SELECT round, prompt_id, reward, correct, augmentation FROM discarded_rollouts WHERE {w}""",
 }
 
 
@@ -57,6 +69,7 @@ def run_frames(store: Store, run_id: str, round: int | None = None) -> dict[str,
         if round is not None:
             where, params = where + " AND round = $round", {**params, "round": round}
         out = {name: con.sql(q.format(w=where), params=params).pl() for name, q in _QUERIES.items()}
+        out["calibration"] = calibration_frame(out.pop("predictions"), out.pop("samples"))
         out["runs"] = con.sql("SELECT status, created_at FROM runs WHERE run_id = $run ORDER BY created_at",
                               params={"run": run_id}).pl()
         return out
@@ -95,6 +108,8 @@ def _page(store: Store, run_id: str, f: dict[str, pl.DataFrame], missing: dict[s
          or '<p class="missing">no selections rows for this run.</p>'),
         ("Evaluation", ["eval"], table(f["evals"], "pass rates by policy version")),
         ("Training", ["train_loss"], table(train_summary(f["train"]), "per round")),
+        ("Pass-rate model", ["calibration"], table(calibration_summary(f["calibration"]),
+                                                   "predicted before generating against observed, per round")),
     ]
     status = f["runs"]["status"][-1] if f["runs"].height else "unknown"
     body = "".join(f"<h2>{title}</h2>{''.join(img(n) for n in names)}{tables}" for title, names, tables in sections)

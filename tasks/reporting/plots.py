@@ -6,6 +6,9 @@
     lineage.png     accepted refinement children per round by strategy, and their running total
     eval.png        held-out pass@1 and pass@k by policy version
     train_loss.png  loss and pg_loss (sft_loss, kl when present) over the run's steps, ordered by (round, step)
+    calibration.png the pass-rate model's calibration: its predicted pass rate (`predictions`, made before the
+                    round generated anything) against the pass rate the prompt's own samples of that round then
+                    showed, by decile of the prediction, one line per predictor (`screening`, `thompson`)
 
 Each plot takes its frame (non-empty, from `tasks.reporting.page.run_frames`) and returns a Figure; `PLOT_SOURCES`
 says which frame each is drawn from and which table's absence skips it. Plots use matplotlib's Agg canvas on
@@ -17,9 +20,12 @@ from __future__ import annotations
 
 import polars as pl
 
+from tasks.core.passrate import pass_counts
+
 BUCKETS = ("informative", "saturated", "too_hard", "flat")
 COLOURS = {"informative": "#2a9d8f", "saturated": "#457b9d", "too_hard": "#e63946", "flat": "#adb5bd"}
-PLOTS = ("pass_rate", "eps", "buckets", "lineage", "eval", "train_loss")
+PLOTS = ("pass_rate", "eps", "buckets", "lineage", "eval", "train_loss", "calibration")
+DECILES = 10
 
 
 # ---- plots: each takes its frame (non-empty) and returns a Figure ---------------------------------------------
@@ -141,6 +147,67 @@ def plot_train_loss(train: pl.DataFrame):
     return fig
 
 
+def calibration_frame(predictions: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
+    """(selector, round, prompt_id, predicted_pass_rate, successes, failures): each prediction beside the round's
+    own unassisted samples of its prompt (rollouts and discarded_rollouts: a screened-out screen counts; LoPE
+    replacements count as the failure they displaced, few-shot-assisted samples not at all, as the model's own
+    counts do: tasks/core/passrate.py `pass_counts`). Predictions whose prompt got no own sample are left out."""
+    empty = pl.DataFrame(schema={"selector": pl.String, "round": pl.Int32, "prompt_id": pl.String,
+                                 "predicted_pass_rate": pl.Float64, "successes": pl.Int64, "failures": pl.Int64})
+    if predictions.height == 0 or samples.height == 0:
+        return empty
+    counts = pl.concat([pass_counts(samples.filter(pl.col("round") == r)).with_columns(pl.lit(r, pl.Int32).alias("round"))
+                        for r in samples["round"].unique().sort()])
+    return (predictions.select("selector", pl.col("round").cast(pl.Int32), "prompt_id", "predicted_pass_rate")
+            .join(counts.with_columns(pl.col("successes", "failures").cast(pl.Int64)), on=["round", "prompt_id"])
+            .filter(pl.col("successes") + pl.col("failures") > 0).sort("selector", "round", "prompt_id"))
+
+
+def _deciles(cal: pl.DataFrame) -> pl.DataFrame:
+    n = pl.col("successes") + pl.col("failures")
+    return (cal.with_columns(decile=(pl.col("predicted_pass_rate") * DECILES).floor().clip(0, DECILES - 1).cast(pl.Int32),
+                             n=n)
+            .group_by("selector", "decile").agg(
+                prompts=pl.len(), samples=pl.col("n").sum(),
+                predicted=(pl.col("predicted_pass_rate") * pl.col("n")).sum() / pl.col("n").sum(),
+                observed=pl.col("successes").sum() / pl.col("n").sum())
+            .sort("selector", "decile"))
+
+
+def calibration_summary(cal: pl.DataFrame) -> pl.DataFrame:
+    """Per (selector, round): prompts, own samples, the sample-weighted mean predicted pass rate, the observed pass
+    rate, and the expected calibration error (the sample-weighted mean |predicted - observed| over deciles of
+    the prediction; 0 is perfectly calibrated)."""
+    if cal.height == 0:
+        return pl.DataFrame()
+    rows = []
+    for (sel, rnd), part in cal.group_by("selector", "round", maintain_order=True):
+        d = _deciles(part)
+        total = d["samples"].sum()
+        rows.append({"selector": sel, "round": rnd, "prompts": part.height, "samples": total,
+                     "predicted": float((d["predicted"] * d["samples"]).sum() / total),
+                     "observed": float((d["observed"] * d["samples"]).sum() / total),
+                     "calibration_error": float(((d["predicted"] - d["observed"]).abs() * d["samples"]).sum() / total)})
+    return pl.DataFrame(rows).sort("selector", "round")
+
+
+def plot_calibration(cal: pl.DataFrame):
+    fig, (ax,) = _figure()
+    ax.plot([0, 1], [0, 1], color="grey", ls=":", lw=1, label="perfectly calibrated")
+    d = _deciles(cal)
+    for (sel,), part in d.group_by("selector", maintain_order=True):
+        sizes = (part["samples"] / part["samples"].max() * 120 + 12).to_list()
+        ax.plot(part["predicted"], part["observed"], "-", lw=1, alpha=0.7)
+        ax.scatter(part["predicted"], part["observed"], s=sizes, alpha=0.8, zorder=3,
+                   label=f"{sel} ({int(part['samples'].sum())} samples)")
+    rounds = cal["round"].unique().sort().to_list()
+    ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel="predicted pass rate (before generating)",
+           ylabel="observed pass rate (own samples)",
+           title=f"pass-rate model calibration, rounds {rounds[0]}-{rounds[-1]} (point size: samples)")
+    ax.legend(fontsize="small")
+    return fig
+
+
 # plot name -> (frame it is drawn from, what its absence means, plot function)
 PLOT_SOURCES = {
     "pass_rate": ("scores", "prompt_scores", plot_pass_rate),
@@ -149,6 +216,7 @@ PLOT_SOURCES = {
     "lineage": ("lineage", "refinements", plot_lineage),
     "eval": ("evals", "evals", plot_eval),
     "train_loss": ("train", "train_steps", plot_train_loss),
+    "calibration": ("calibration", "predictions", plot_calibration),
 }
 
 

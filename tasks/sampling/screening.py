@@ -21,7 +21,11 @@ What lands where (one atomic collect commit, as dynamic sampling's):
 - `selections`: the refill prompts (reason "...: screening refill, generation batch k"), so `selections` names
   every prompt generated for and each has its group in exactly one of the two tables;
 - `generated_tokens`: screening samples under purpose `screen`, top-ups under `rollout`; the round's collect
-  tokens equal the n_tokens of its rollouts plus its discarded_rollouts (LoPE's resamples apart).
+  tokens equal the n_tokens of its rollouts plus its discarded_rollouts (LoPE's resamples apart);
+- `predictions` (selector `screening`): for every prompt screened, what the pass-rate model said before the
+  round generated anything (the posterior of the run's earlier groups: its mean, and P(a group of G is mixed)),
+  so `refinery sql` and the report set the model's calibration beside what the screen and top-up then showed
+  (tasks/reporting/plots.py `calibration`), with the default pipeline as with the `thompson` selector.
 
 Keyed sampling: screens draw with the round's row seeds (tasks/core/seeds.py `row_seeds` of the round seed, the
 seeds a plain round uses); top-ups with row seeds of round seed + `TOPUP_SEED_STRIDE`, so they are fresh draws,
@@ -42,10 +46,11 @@ import polars as pl
 import pyarrow as pa
 
 from models.backend import Backend, Sampling
+from storage.schemas import TABLES
 from storage.store import Store, fault_point
 from tasks.core.dapo import SCREENED_OUT, SURPLUS, ZERO_VARIANCE, dynamic_sampling, has_variance
 from tasks.core.fewshot import fewshot_messages
-from tasks.core.passrate import pass_counts, posterior
+from tasks.core.passrate import p_informative, pass_counts, posterior, predicted_pass_rate
 from tasks.core.rewards import RewardConfig
 from tasks.core.screening import MIXED, POSTERIOR, SCREENED, refill_order, screen_decisions
 from tasks.reporting.progress import sig4
@@ -89,6 +94,7 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
     queue = chosen + refill_order(rest, before["alpha"].to_numpy(), before["beta"].to_numpy(), select_cfg.seed,
                                   ctx.round, g)
     screens: list[pl.DataFrame] = []  # this round's screens so far, as pass counts
+    screened: list[str] = []  # every prompt screened, in order
     kept = [0]  # topped-up groups with varied rewards so far (the loop keeps them, up to B)
     batch = len(chosen)
     top_sampling = replace(sampling, seed=sampling.seed + TOPUP_SEED_STRIDE)
@@ -99,6 +105,7 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
     def generate(ids: list[str], k: int) -> list[Group]:
         t0 = time.perf_counter()
         rows = in_order(candidates, ids)
+        screened.extend(ids)
         messages, augmentation = fewshot_messages(
             rows, demos if demos is not None else pl.DataFrame(), cfg.seed, ctx.round, ctx.rounds, cfg.fewshot_p0,
             cfg.fewshot_k, cfg.instruction, spent=ctx.tokens_spent, budget=ctx.token_budget)
@@ -146,6 +153,7 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
                            rewards=lambda grp: grp.rewards, first_size=batch, verdict=verdict)
     got, table, extra = landed(ctx, candidates, out, select_cfg.selector,
                                lambda b: f"{select_cfg.selector}: screening refill, generation batch {b + 1}")
+    extra["predictions"] = predictions_table(ctx, in_order(posterior(bins, history, PRIOR_STRENGTH), screened), g)
     drawn = [d.group for d in out.kept + out.discarded]
     screen_tokens = sum(grp.screen_tokens for grp in drawn)
     reasons = [d.reason for d in out.discarded]
@@ -161,3 +169,16 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
                "short": out.short, "cap_hit": out.cap_hit, "exhausted": out.exhausted,
                "max_batches": cfg.screen_max_batches}
     return got, summary, extra
+
+
+def predictions_table(ctx: RoundContext, prior: pl.DataFrame, group_size: int) -> pa.Table:
+    """`predictions` rows (selector `screening`) of the prompts of `prior` (prompt_id, bin, alpha, beta: the
+    posterior before the round generated anything)."""
+    alpha, beta = prior["alpha"].to_numpy(), prior["beta"].to_numpy()
+    n = prior.height
+    return pa.Table.from_pydict({
+        "run_id": [ctx.run_id] * n, "round": [ctx.round] * n, "prompt_id": prior["prompt_id"].to_list(),
+        "selector": ["screening"] * n, "bin": prior["bin"].to_list(), "alpha": alpha, "beta": beta,
+        "predicted_pass_rate": predicted_pass_rate(alpha, beta),
+        "predicted_informative": p_informative(alpha, beta, group_size), "draw": [None] * n, "picked": [True] * n,
+    }, schema=TABLES["predictions"])
