@@ -77,3 +77,19 @@ def test_a_summary_missing_what_its_sentence_reads_is_listed_not_fatal():
 
     lines = stage_lines({"stage": "collect", "round": 1, "rollouts": 72, "prompts": 9}, every=True)
     assert len(lines) == 1 and "rollouts 72" in lines[0] and "prompts 9" in lines[0]
+
+
+def test_a_screened_collect_says_what_screening_kept_and_spent():
+    screening = {"batch_size": 48, "screen_samples": 2, "threshold": 0.7, "generation_batches": 3, "screened": 131,
+                 "topped_up_mixed": 40, "topped_up_posterior": 15, "screened_out": 70, "zero_variance": 7,
+                 "surplus": 6, "kept": 48, "screen_tokens": 3120, "topup_tokens": 4810, "discarded_rollouts": 196,
+                 "discarded_tokens": 2300, "informative_ratio": 0.3664, "short": 0, "cap_hit": False,
+                 "exhausted": False, "max_batches": 4}
+    (_, line) = stage_lines({"stage": "collect", "round": 2, "rollouts": 384, "prompts": 48, "pass_rate": 0.5,
+                             "tokens_per_s": 300.0, "screening": screening})
+    assert line == ("screening kept 48 of B = 48 groups: screened 131 prompts with 2 samples each in 3 generation "
+                    "batches, topped up 40 mixed + 15 by the posterior; 70 screened out, 7 zero-variance after "
+                    "top-up; 3120 screening + 4810 top-up tokens, informative ratio 0.3664")
+    short = stage_lines({"stage": "collect", "round": 2, "rollouts": 0, "prompts": 0, "pass_rate": 0.0,
+                         "tokens_per_s": 0.0, "screening": {**screening, "kept": 40, "short": 8, "cap_hit": True}})
+    assert short[1].endswith("; the batch is SHORT by 8 groups (the cap of 4 generation batches was hit)")

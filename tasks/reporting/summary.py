@@ -45,6 +45,14 @@ def _collect(s: dict) -> list[str]:
                    f"discarded {d['zero_variance']} zero-variance + {d['surplus']} surplus groups "
                    f"({d['discarded_rollouts']} rollouts, {d['discarded_tokens']} tokens; see discarded_rollouts)"
                    + short_batch(d))
+    if c := s.get("screening"):
+        out.append(f"screening kept {c['kept']} of B = {c['batch_size']} groups: screened {c['screened']} prompts "
+                   f"with {c['screen_samples']} samples each in {c['generation_batches']} generation "
+                   f"batch{'es' * (c['generation_batches'] != 1)}, topped up {c['topped_up_mixed']} mixed + "
+                   f"{c['topped_up_posterior']} by the posterior; {c['screened_out']} screened out, "
+                   f"{c['zero_variance']} zero-variance after top-up; {c['screen_tokens']} screening + "
+                   f"{c['topup_tokens']} top-up tokens, informative ratio {c['informative_ratio']}"
+                   + short_batch(c))
     return out
 
 
