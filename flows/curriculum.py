@@ -178,7 +178,7 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             heldout = config.eval.heldout_fraction if config.eval.enabled else 0.0
             finished(stages, pool_task(ctx, config.pool, heldout, config.eval.seed, config.eval.heldout_split))
             if config.governor.enabled:  # throttled components are held at their minimum this round
-                finished(stages, govern_task(ctx, config.governor))
+                finished(stages, govern_task(ctx, config.governor, config.rollout.screen_samples))
             held = held_sections(store, config.run_id, r, {"rollout": config.rollout, "shape": config.shape,
                                                            "refine": config.refine})
             selecting = not selector(config.select.selector).whole_pool  # `all`: collect reads the pool

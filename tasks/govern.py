@@ -1,7 +1,8 @@
 """Govern stage: before a round generates anything, decide which token-spending components run at their configured
 size and which are held at their minimum (the rule and its yields: tasks/core/governor.py) -> `governor`.
 
-It reads the run's earlier rounds only (generated_tokens, prompt_scores, rollouts, shaped_traces, refinements) and
+It reads the run's earlier rounds only (generated_tokens, prompt_scores, rollouts, discarded_rollouts, shaped_traces,
+refinements) and
 its own decision for the round before, and lands one row per component: the newest measured round's figures,
 the baseline's, the streak, the decision and whether the component is throttled in this round. The flow then
 holds each throttled component's config field at its minimum for this round (`held_sections`). Round 0 has
@@ -27,8 +28,36 @@ def _runs(store: Store, table: str, run_id: str, before: int) -> pl.LazyFrame:
     return scan(store, table).filter((pl.col("run_id") == run_id) & (pl.col("round") < before))
 
 
-def measures(store: Store, run_id: str, before: int) -> dict[str, dict[int, Measure]]:
-    """{component (and "rollout"): {round: Measure}} over the run's rounds before `before`."""
+def posterior_topups(store: Store, run_id: str, before: int, screen_samples: int,
+                     screened_rounds: set[int]) -> tuple[dict[int, float], dict[int, int]]:
+    """({round: rows of kept groups topped up on the posterior's word}, {round: their top-up tokens}) over the
+    screened rounds before `before`. A group topped up on the posterior's word is one whose screen (samples
+    0..k_s-1) was unanimous: kept in `rollouts` when the top-up made it mixed, else in `discarded_rollouts` as
+    `zero_variance` (a mixed screen never is). Its cost is its top-up samples' tokens (the screen was spent
+    either way)."""
+    if screen_samples <= 0 or not screened_rounds:
+        return {}, {}
+    in_rounds = pl.col("round").is_in(sorted(screened_rounds))
+    kept = _runs(store, "rollouts", run_id, before).filter(in_rounds).select(
+        "round", "prompt_id", "sample_idx", "reward", "n_tokens").collect()
+    gone = (_runs(store, "discarded_rollouts", run_id, before)
+            .filter(in_rounds & (pl.col("reason") == "zero_variance"))
+            .select("round", "prompt_id", "sample_idx", "reward", "n_tokens").collect())
+    screen = pl.col("sample_idx") < screen_samples
+    groups = (pl.concat([kept.with_columns(kept=pl.lit(True)), gone.with_columns(kept=pl.lit(False))])
+              .group_by("round", "prompt_id").agg(
+                  pl.col("kept").first(), rows=pl.len(),
+                  unanimous=pl.col("reward").filter(screen).n_unique() == 1,
+                  topup_tokens=pl.col("n_tokens").filter(~screen).sum())
+              .filter(pl.col("unanimous")))
+    rows = groups.filter(pl.col("kept")).group_by("round").agg(pl.col("rows").sum())
+    cost = groups.group_by("round").agg(pl.col("topup_tokens").sum())
+    return dict(rows.iter_rows()), dict(cost.iter_rows())
+
+
+def measures(store: Store, run_id: str, before: int, screen_samples: int = 0) -> dict[str, dict[int, Measure]]:
+    """{component (and "rollout"): {round: Measure}} over the run's rounds before `before`; `screen_samples`:
+    the run's k_s (0: no screening, so no posterior top-ups to measure)."""
     tokens = (_runs(store, "generated_tokens", run_id, before)
               .group_by("round", "stage", "purpose").agg(pl.col("tokens").sum()).collect())
 
@@ -48,9 +77,12 @@ def measures(store: Store, run_id: str, before: int) -> dict[str, dict[int, Meas
                   .group_by("round").len().collect().iter_rows())
     accepted = dict(_runs(store, "refinements", run_id, before).filter(pl.col("accepted"))
                     .group_by("round").len().collect().iter_rows())
-    rows = {"rollout": informative, "lope": rescued, "shape": shaped, "refine": accepted}
+    screened = {r for r, t in spent("collect", ("screen",)).items() if t > 0}
+    topup_rows, topup_cost = posterior_topups(store, run_id, before, screen_samples, screened)
+    rows = {"rollout": informative, "lope": rescued, "shape": shaped, "refine": accepted, "topup": topup_rows}
     # the baseline pays for every collect token that made its groups: screening samples (`screen`) and top-ups
-    cost = {"rollout": spent("collect", ("rollout", "screen")), **{c: spent(*STAGE_OF[c]) for c in STAGE_OF}}
+    cost = {"rollout": spent("collect", ("rollout", "screen")), **{c: spent(*STAGE_OF[c]) for c in STAGE_OF},
+            "topup": topup_cost}
     return {c: {r: Measure(r, int(cost[c].get(r, 0)), float(rows[c].get(r, 0))) for r in range(before)}
             for c in rows}
 
@@ -61,11 +93,11 @@ def governor_rows(store: Store, run_id: str, round: int) -> pl.DataFrame:
 
 
 @stage("govern")
-def govern_task(ctx: RoundContext, store: Store, cfg: GovernorConfig) -> dict:
-    """Decide this round's throttles from the earlier rounds and land them."""
+def govern_task(ctx: RoundContext, store: Store, cfg: GovernorConfig, screen_samples: int = 0) -> dict:
+    """Decide this round's throttles from the earlier rounds and land them (`screen_samples`: the run's k_s)."""
     previous = governor_rows(store, ctx.run_id, ctx.round - 1) if ctx.round else pl.DataFrame()
     was = dict(previous.select("component", "throttled").iter_rows()) if previous.height else {}
-    m = measures(store, ctx.run_id, ctx.round)
+    m = measures(store, ctx.run_id, ctx.round, screen_samples)
     rows = []
     for comp in COMPONENTS:
         history = [(m[comp.name][r], m["rollout"][r]) for r in range(ctx.round)]

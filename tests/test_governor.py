@@ -96,3 +96,60 @@ def test_a_throttled_component_that_recovers_is_restored(store):
     assert held == [4, 4, 1, 4]
     row = governor_rows(store, "rv", 2).filter(component="lope").to_dicts()[0]
     assert row["yield_per_1k"] == pytest.approx(4.0) and row["baseline_per_1k"] == pytest.approx(40.0)
+
+
+def test_posterior_topups_are_measured_from_the_store_and_capped_when_held(store, tmp_path):
+    """With every unanimous screen topped up on the posterior's word (threshold 0), the governor's `topup` figures
+    are those groups: G rows per one that came out mixed, over the tokens of their top-up samples; held at its
+    minimum, a round tops up at most one such screen and screens out the rest."""
+    from test_screening import _select_and_collect, scripted
+
+    from storage.store import Store
+    from tasks.govern import measures
+
+    out = _select_and_collect(store, "tp", scripted("rollout.screen_topup_threshold=0.0"))
+    s = out["screening"]
+    assert s["topped_up_posterior"] >= 2 and s["kept"] > 0
+    got = measures(store, "tp", 1, screen_samples=2)["topup"][0]
+    mixed_topup = q(store, """SELECT coalesce(sum(n_tokens), 0) AS t FROM rollouts r WHERE run_id = 'tp' AND sample_idx >= 2
+                              AND (SELECT count(DISTINCT reward) FROM rollouts x WHERE x.run_id = 'tp'
+                                   AND x.prompt_id = r.prompt_id AND x.sample_idx < 2) > 1""")[0]["t"]
+    assert got.tokens == s["topup_tokens"] - mixed_topup > 0
+    assert got.rows == G * (s["topped_up_posterior"] - s["zero_variance"])
+    assert measures(store, "tp", 1, screen_samples=0)["topup"][0].tokens == 0  # no screening: idle
+    held = Store(tmp_path / "held")
+    capped = _select_and_collect(held, "tp", scripted("rollout.screen_topup_threshold=0.0",
+                                                      "rollout.screen_posterior_topups=1"))["screening"]
+    assert capped["topped_up_posterior"] == 1 and capped["screened_out"] > s["screened_out"]
+
+
+def test_a_topup_that_pays_less_than_rollouts_is_held_at_one(store):
+    """Posterior top-ups that make 8 rows per 1k of their tokens against the baseline's 40, two rounds running:
+    round 2 holds `rollout.screen_posterior_topups` at 1."""
+    from storage.schemas import schema
+    from tasks.core.governor import GovernorConfig
+    from tasks.govern import govern_task, governor_rows, held_sections
+    from tasks.sampling.rollouts import RolloutConfig
+
+    for r in range(2):
+        _land_round(store, "tq", r, 1000, 10, 0, 0)  # the baseline: 10 informative groups of G per 1k tokens
+        # one posterior top-up kept (unanimous screen 0, 0; top-up 1, 0) and 124 more of its top-up tokens spent on
+        # a zero_variance one: G rows over 500 tokens
+        rows = [{"run_id": "tq", "round": r, "policy_version": 0, "prompt_id": f"u{r}", "sample_idx": i,
+                 "prompt_text": "q", "completion": "a", "reward": [0.0, 0.0, 1.0, 0.0][i], "correct": i == 2,
+                 "n_tokens": [3, 3, 1, 375][i], "mean_logprob": -1.0, "finish_reason": "stop"} for i in range(G)]
+        gone = [{**row, "prompt_id": f"z{r}", "reward": 0.0, "correct": False, "n_tokens": [3, 3, 62, 62][row["sample_idx"]],
+                 "gen_batch": 0, "reason": "zero_variance"} for row in rows]
+        store.commit("collect-more", {
+            "rollouts": pa.Table.from_pylist(rows, schema=schema("rollouts")),
+            "discarded_rollouts": pa.Table.from_pylist(gone, schema=schema("discarded_rollouts")),
+            "generated_tokens": pa.Table.from_pylist([{"run_id": "tq", "round": r, "stage": "collect",
+                                                       "purpose": "screen", "calls": 1, "completions": 4, "tokens": 12}],
+                                                     schema=schema("generated_tokens"))}, run_id="tq", round=r)
+    for r in range(3):
+        govern_task.fn(round_ctx(store, "tq", r), GovernorConfig(), 2)
+    row = governor_rows(store, "tq", 2).filter(component="topup").to_dicts()[0]
+    assert (row["decision"], row["tokens"], row["rows"]) == ("throttle", 500, G)
+    assert row["yield_per_1k"] == pytest.approx(8.0) and row["yield_per_1k"] < row["baseline_per_1k"]
+    held = held_sections(store, "tq", 2, {"rollout": RolloutConfig()})["rollout"]
+    assert held.screen_posterior_topups == 1 and RolloutConfig().screen_posterior_topups > 1

@@ -10,7 +10,13 @@ Yield. For round r and component c, yield_c = training rows c made usable per 1,
 - `shape`: verified shaped traces (one SFT row each) per 1k tokens of the shape stage (`mcmc` proposals and the
   teacher's start traces);
 - `refine`: accepted refinements (each a prompt that can yield rows next round) per 1k tokens of the refine
-  stage (the teacher's). A component that generated nothing in a round is `idle` there: no yield, no verdict.
+  stage (the teacher's);
+- `topup`: screening's top-ups on the posterior's word (a unanimous screen the pass-rate posterior still
+  expected to turn mixed: tasks/core/screening.py): rows of those groups that came out mixed (G each) per 1k
+  tokens of their top-up samples (the screens were spent either way). It is the posterior's calibration paying
+  in tokens: an over-confident posterior tops up groups that stay all-fail. Throttled, a round tops up at most
+  one such screen (`rollout.screen_posterior_topups`); mixed screens are always topped up.
+A component that generated nothing in a round is `idle` there: no yield, no verdict.
 
 Rule. A component whose yield stays below the baseline's for 2 consecutive measured rounds (`patience`) is
 throttled to its minimum (`COMPONENTS`: the config field and the value it is held at); a throttled one that is
@@ -21,9 +27,9 @@ before r only, so it is made before round r generates anything and is the same o
 
 Choices: rows, not groups, are the unit, so a group of G and a shaped trace compare at what they add to a
 training step; the minimum is 1 unit rather than 0, so that recovery is observable; `refine`'s ladder and
-numeric strategies generate nothing and never count against it. Screening and its top-ups are part of the
-baseline, not components of their own (their yield is the collect summary's `screening.informative_ratio`):
-governing them separately is left for later.
+numeric strategies generate nothing and never count against it. Screening itself and its top-ups of mixed
+screens are part of the baseline, not components: a screen is what tells a mixed prompt from a unanimous one,
+and a mixed screen's top-up is informative by construction; only the posterior's top-ups are a bet.
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ class Component:
 
 
 COMPONENTS = (Component("lope", "rollout.lope_max_groups", 1), Component("shape", "shape.max_traces", 1),
-              Component("refine", "refine.max_children", 1))
+              Component("refine", "refine.max_children", 1),
+              Component("topup", "rollout.screen_posterior_topups", 1))
 
 
 class GovernorConfig(Section):

@@ -61,6 +61,10 @@ class RolloutConfig(Section):
     screen_max_batches: int = Field(4, ge=1, le=1000, description="screening: generation batches per round at "
                                     "most, the selection included; refills screen further candidates until B "
                                     "groups are kept or this is reached")
+    screen_posterior_topups: int = Field(1_000_000, ge=0, le=1_000_000, description="screening: unanimous "
+                                         "screens topped up on the posterior's word per round, at most (mixed "
+                                         "ones always are); the budget governor holds it at 1 while those "
+                                         "top-ups make fewer training rows per 1k tokens than plain rollouts")
 
     # a run stored before screening existed sampled G at once: it resumes so (flows/config.py `stored_base`)
     absent_means: ClassVar[dict] = {"screen_samples": 0}

@@ -95,6 +95,7 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
                                   ctx.round, g)
     screens: list[pl.DataFrame] = []  # this round's screens so far, as pass counts
     screened: list[str] = []  # every prompt screened, in order
+    allowance = [cfg.screen_posterior_topups]  # posterior top-ups left this round (the governor may hold it at 1)
     kept = [0]  # topped-up groups with varied rewards so far (the loop keeps them, up to B)
     batch = len(chosen)
     top_sampling = replace(sampling, seed=sampling.seed + TOPUP_SEED_STRIDE)
@@ -123,8 +124,16 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
                                      [all(v.correct for v in vs) for vs in first_checked],
                                      post["alpha"].to_numpy(), post["beta"].to_numpy(), g - ks,
                                      cfg.screen_topup_threshold)
-        worthy = [i for i, d in enumerate(decisions) if d.topup]
-        up = worthy[:max(batch - kept[0], 0)]
+        room, up = max(batch - kept[0], 0), []
+        for i in (i for i, d in enumerate(decisions) if d.topup):  # in queue order, while groups are missing
+            if len(up) == room:
+                break  # the rest stay top-up-worthy: `surplus`
+            if decisions[i].why == POSTERIOR:  # only while the round's allowance lasts; else screened out
+                if allowance[0] <= 0:
+                    decisions[i] = replace(decisions[i], why=SCREENED)
+                    continue
+                allowance[0] -= 1
+            up.append(i)
         top_ids = [ids[i] for i in up]
         tops, top_checked = [], []
         if up:
