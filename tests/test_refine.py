@@ -182,7 +182,7 @@ def test_cloze_masks_50_to_80_percent_of_the_digits_and_keeps_one(n_digits):
 
 # ---- a new strategy is one class: registered, routed by the refine stage, judged by the gate ---------------
 
-def test_a_registered_strategy_is_routed_through_the_gate(store, monkeypatch):
+def test_a_registered_strategy_is_routed_through_the_gate(store, request):
     """The smallest real strategy (the example of docs/architecture.md), registered here without touching a
     project file: refine offers it the round's too_hard originals (not the solved one) and runs the gate's checks
     on its children, so a child over refine.gate_max_chars is rejected as 'too long' and never enters prompts."""
@@ -206,8 +206,8 @@ def test_a_registered_strategy_is_routed_through_the_gate(store, monkeypatch):
             text = f"{parent.row['text']}\nThink step by step."
             return [Proposal(parent.row, view.child(parent.row, text, self.name))]
 
-    monkeypatch.setattr(tasks.strategies.base, "REGISTRY", dict(tasks.strategies.base.REGISTRY))  # undone after
     register(StepByStep)
+    request.addfinalizer(lambda: tasks.strategies.base.REGISTRY.pop("step_by_step"))  # no later test sees it
     questions = {"short": ("What is 7 * 8?", "56"), "long": ("What is 6 * 9? " + "Take care. " * 5, "54"),
                  "solved": ("What is 2 * 3?", "6")}
     ids = {k: prompt_id(t, a, "file") for k, (t, a) in questions.items()}

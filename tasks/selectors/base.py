@@ -27,10 +27,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 import polars as pl
+
+from tasks.core.registry import Registry
 
 if TYPE_CHECKING:  # embed.py imports tasks/stage.py: types only, no import at run time
     from storage.store import Store
@@ -114,22 +116,6 @@ class Selector(Protocol):
         ...
 
 
-REGISTRY: dict[str, Selector] = {}
-S = TypeVar("S", bound=type)
-
-
-def register(cls: S) -> S:
-    """Class decorator: the selector `cls.name` is `cls()` from now on (one per name)."""
-    if cls.name in REGISTRY and type(REGISTRY[cls.name]) is not cls:
-        raise ValueError(f"two selectors are named {cls.name!r}: {type(REGISTRY[cls.name]).__name__} and "
-                         f"{cls.__name__}")
-    REGISTRY[cls.name] = cls()
-    return cls
-
-
-def selector(name: str) -> Selector:
-    """The registered selector `name`, or a one-line error naming what is registered."""
-    if name not in REGISTRY:
-        raise ValueError(f"no selector {name!r} is registered under tasks/selectors/ "
-                         f"(registered: {', '.join(sorted(REGISTRY))})")
-    return REGISTRY[name]
+REGISTRY: Registry[Selector] = Registry("selector", "selectors", "tasks/selectors/")
+register = REGISTRY.register  # class decorator: the selector `cls.name` is `cls()` from now on (one per name)
+selector = REGISTRY.named  # the registered selector `name`, or a one-line error naming what is registered

@@ -22,9 +22,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Protocol, TypeVar
+from typing import ClassVar, Literal, Protocol
 
 from tasks.core.ids import prompt_id as content_id
+from tasks.core.registry import Registry
 from tasks.strategies.gate import Lengths
 from tasks.strategies.teacher_calls import Teacher
 
@@ -144,25 +145,9 @@ class Strategy(Protocol):
         ...
 
 
-REGISTRY: dict[str, Strategy] = {}
-S = TypeVar("S", bound=type)
-
-
-def register(cls: S) -> S:
-    """Class decorator: the strategy `cls.name` is `cls()` from now on (one per name)."""
-    if cls.name in REGISTRY and type(REGISTRY[cls.name]) is not cls:
-        raise ValueError(f"two refinement strategies are named {cls.name!r}: {type(REGISTRY[cls.name]).__name__} "
-                         f"and {cls.__name__}")
-    REGISTRY[cls.name] = cls()
-    return cls
-
-
-def strategy(name: str) -> Strategy:
-    """The registered strategy `name`, or a one-line error naming what is registered."""
-    if name not in REGISTRY:
-        raise ValueError(f"no refinement strategy {name!r} is registered under tasks/strategies/ "
-                         f"(registered: {', '.join(sorted(REGISTRY))})")
-    return REGISTRY[name]
+REGISTRY: Registry[Strategy] = Registry("refinement strategy", "refinement strategies", "tasks/strategies/")
+register = REGISTRY.register  # class decorator: the strategy `cls.name` is `cls()` from now on (one per name)
+strategy = REGISTRY.named  # the registered strategy `name`, or a one-line error naming what is registered
 
 
 def child_row(parent: dict, text: str, transform: str, run_id: str, round: int, meta_extra: dict | None = None,
