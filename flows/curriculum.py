@@ -33,7 +33,7 @@ from prefect import flow
 from flows.cli.errors import reason as failure_reason
 from flows.config import RunConfig, placed, stored_base
 from flows.preflight import validate_for_run
-from models.checkpoints import policy_for_round
+from models.checkpoints import policy_for_round, prune_checkpoints
 from storage.runs import mark, run_lock, stored_config
 from storage.store import Store
 from tasks.collect import collect_task
@@ -196,6 +196,11 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                 finished(stages, *evaluation(store, config, ctx, spent))
             finished(stages, report_task(ctx))
             publish_round_artifacts(store, config.run_id, r, stages[first:])
+            if config.train.keep_checkpoints == "evaluated":  # after the round's evaluation: never a version it reads
+                pruned = prune_checkpoints(store, config.run_id)
+                if pruned:
+                    log.info("round %d: deleted the folders of checkpoints %s (train.keep_checkpoints = evaluated)",
+                             r, ", ".join(f"v{v}" for v in pruned))
     except BaseException as e:
         mark(store, config.run_id, "failed", config.model_dump(mode="json"), reason=failure_reason(e))
         raise

@@ -134,6 +134,7 @@ def eval_target(s: Store, run_id: str | None, checkpoint: int | None, dataset: s
     `refinery run` run), the checkpoint (default its newest), the prompts (the held-out split, which must not
     be empty, or a valid file whose name has no other file's results in the run). Each refusal is a
     one-line ValueError. `refinery eval` calls it before Prefect's server is up, the flow again (a UI run)."""
+    from models.checkpoints import checkpoint_gone
     from storage.checkpoints import checkpoint_versions
     from tasks.evaluate import checkpoint_stage, heldout_prompts
 
@@ -148,6 +149,9 @@ def eval_target(s: Store, run_id: str | None, checkpoint: int | None, dataset: s
     if row.height == 0:
         raise ValueError(f"run {run_id} has no checkpoint {checkpoint}; it has "
                          f"{', '.join(map(str, known['policy_version'].to_list()))}")
+    if checkpoint and checkpoint_gone(s, row["path"][0]):
+        raise ValueError(f"run {run_id}'s checkpoint {checkpoint} was pruned (train.keep_checkpoints = 'evaluated' "
+                         f"keeps the newest and the evaluated versions) or deleted: {row['path'][0]} is gone")
     if dataset is None:
         heldout = heldout_prompts(s, run_id)
         if heldout.height == 0:

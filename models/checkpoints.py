@@ -9,6 +9,13 @@ For a remote root (s3://...) the folder is written in the local model cache (tra
 folders) and then uploaded to `<store>/_checkpoints/run_id=<run>/v<version>/`, and the row records that URI,
 so any host can continue the run: `local_copy` fetches a recorded remote folder into its own cache once.
 Which checkpoints a run has, and its newest, are store bookkeeping: storage/checkpoints.py.
+
+Retention (`train.keep_checkpoints = "evaluated"`, `prune_checkpoints`): after each round the flow deletes the
+folders of the run's versions that are neither its newest nor evaluated (any `evals` row: a milestone, the run's
+end, a `refinery eval`); version 0 is the base model and never touched. Only a folder this store keeps for this
+run (`_checkpoints/run_id=<run>/v<N>`, locally or under a remote root, and its local cache copy) is ever deleted:
+a recorded path is data, and a row naming any other folder is skipped. The `checkpoints` rows stay, so lineage
+and the curves still name every version; `refinery eval` of a pruned version says it was pruned.
 """
 
 from __future__ import annotations
@@ -19,7 +26,10 @@ import shutil
 import uuid
 from pathlib import Path
 
-from storage.checkpoints import newest_checkpoint
+import polars as pl
+
+from storage.checkpoints import checkpoint_versions, newest_checkpoint
+from storage.query import scan
 from storage.store import Store
 
 _RECORDED = re.compile(r"^run_id=[A-Za-z0-9][A-Za-z0-9_.-]{0,127}/v[0-9]+$")
@@ -110,3 +120,44 @@ def policy_for_round(store: Store, run_id: str, round: int, base: str) -> tuple[
     if version and not Path(path).is_dir():
         raise FileNotFoundError(f"run {run_id}: checkpoint v{version} is recorded at {path}, but that folder is gone")
     return version, path
+
+
+def own_folder(store: Store, run_id: str, version: int, path: str) -> bool:
+    """Is `path` (as `checkpoint_versions` resolves it) the folder this store keeps for `run_id`'s `version`?"""
+    if store.local:
+        return Path(path).resolve() == checkpoint_dir(store, run_id, version).resolve()
+    return path.rstrip("/") == remote_checkpoint(store, run_id, version)
+
+
+def checkpoint_gone(store: Store, path: str) -> bool:
+    """Is a recorded checkpoint folder missing (pruned, or deleted by hand)?"""
+    if store.local or "://" not in path:
+        return not Path(path).is_dir()
+    return not store.fs.exists(store.fs._strip_protocol(path) + "/config.json")
+
+
+def prune_checkpoints(store: Store, run_id: str) -> list[int]:
+    """Delete the folders of `run_id`'s checkpoints that are neither its newest version nor evaluated (module
+    docstring); returns the versions deleted now (a folder already gone is not counted)."""
+    known = checkpoint_versions(store, run_id)
+    if known.height == 0:
+        return []
+    newest = int(known["policy_version"].max())
+    evaluated = set(scan(store, "evals").filter(pl.col("run_id") == run_id).select("policy_version").unique()
+                    .collect()["policy_version"].to_list())
+    gone = []
+    for version, path in known.select("policy_version", "path").iter_rows():
+        if version in (0, newest) or version in evaluated or not own_folder(store, run_id, version, path):
+            continue
+        cached = checkpoint_dir(store, run_id, version)
+        if store.local:
+            if not cached.is_dir():
+                continue
+        elif store.fs.exists(store.fs._strip_protocol(path)):
+            store.fs.rm(store.fs._strip_protocol(path), recursive=True)
+        else:
+            continue
+        shutil.rmtree(cached, ignore_errors=True)  # the folder (local) or its cache copy (remote)
+        gone.append(int(version))
+    return gone
+

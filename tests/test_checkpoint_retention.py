@@ -1,0 +1,67 @@
+"""Checkpoint retention (`train.keep_checkpoints`, models/checkpoints.py `prune_checkpoints`): a run that keeps only
+its evaluated checkpoints deletes the other folders after each round, never the newest or an evaluated one; the
+rows stay; `refinery eval` of a pruned version says so in one line; a row naming a folder that is not the store's
+own checkpoint of that run is never deleted; the default keeps everything."""
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from conftest import q
+from test_screening import scripted
+
+from flows.config import load_config
+from flows.curriculum import curriculum
+from flows.evaluate import eval_target
+from models.checkpoints import checkpoint_dir, prune_checkpoints
+from storage.schemas import schema
+from storage.store import Store
+
+SETS = scripted("refine.strategies=[]", "shape.enabled=false", "train.kl_coef=0", "train.micro_batch=24",
+                "eval.milestone_tokens=1000000")  # evaluated: the base model and the run's end only
+
+
+def _folders(store: Store, run: str) -> list[int]:
+    return sorted(int(p.name[1:]) for p in (Path(store.root, "_checkpoints", f"run_id={run}")).iterdir()
+                  if p.name.startswith("v"))
+
+
+def test_only_the_newest_and_the_evaluated_checkpoints_stay(prefect_api, tmp_path):
+    store = Store(tmp_path / "store")
+    curriculum(load_config(sets=[*SETS, "train.keep_checkpoints=evaluated"], run_id="lean", store=store.root,
+                           rounds=2))
+    curriculum(load_config(sets=SETS, run_id="all", store=store.root, rounds=2))
+    evaluated = {r["policy_version"] for r in q(store, "SELECT DISTINCT policy_version FROM evals WHERE run_id = 'lean'")}
+    assert evaluated == {0, 2}
+    assert _folders(store, "lean") == [2] and _folders(store, "all") == [1, 2]
+    rows = q(store, "SELECT policy_version FROM checkpoints WHERE run_id = 'lean' ORDER BY policy_version")
+    assert [r["policy_version"] for r in rows] == [0, 1, 2]  # the rows stay: lineage names every version
+    with pytest.raises(ValueError, match=r"^run lean's checkpoint 1 was pruned \(train.keep_checkpoints") as e:
+        eval_target(store, "lean", 1, None, None)
+    assert "\n" not in str(e.value)
+    assert eval_target(store, "lean", 2, None, None).checkpoint_row["policy_version"] == 2
+    assert prune_checkpoints(store, "lean") == []  # nothing left to prune: it is idempotent
+
+
+def test_a_row_naming_another_folder_is_never_deleted(store, tmp_path):
+    """A checkpoints row is data: one that names a folder outside the run's own checkpoint folder (another run's,
+    or anything on disk) is skipped; the run's own unevaluated, older folder is deleted."""
+    victim = tmp_path / "precious"
+    victim.mkdir()
+    (victim / "config.json").write_text("{}")
+    other = checkpoint_dir(store, "other", 1)
+    other.mkdir(parents=True)
+    own = checkpoint_dir(store, "r", 2)
+    own.mkdir(parents=True)
+    lookalike = Path(str(checkpoint_dir(store, "r", 4)) + "-x")  # not v4's folder, though it starts like it
+    lookalike.mkdir()
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    rows = [{"run_id": "r", "policy_version": v, "round": v, "path": p, "parent_version": max(v - 1, 0),
+             "created_at": now}
+            for v, p in ((0, "tiny-random"), (1, str(victim)), (2, str(own)), (3, str(other)), (4, str(lookalike)),
+                         (5, str(checkpoint_dir(store, "r", 5))))]
+    store.commit("train", {"checkpoints": pa.Table.from_pylist(rows, schema=schema("checkpoints"))}, run_id="r",
+                 round=0)
+    assert prune_checkpoints(store, "r") == [2]
+    assert victim.is_dir() and other.is_dir() and lookalike.is_dir() and not own.exists()
