@@ -240,6 +240,7 @@ def final_matrix(store, run_ids: list[str]) -> tuple[np.ndarray, list[int]]:
     import polars as pl
 
     from storage.query import scan
+    from tasks.reporting.budget import spent_by_run
 
     res = scan(store, "eval_results").filter(pl.col("run_id").is_in(run_ids) & (pl.col("split") == "heldout"))
     newest = res.group_by("run_id").agg(pl.col("policy_version").max().alias("v"))
@@ -252,10 +253,8 @@ def final_matrix(store, run_ids: list[str]) -> tuple[np.ndarray, list[int]]:
                          "store written before eval_results)")
     wide = wide.join(pl.DataFrame({"run_id": run_ids, "order": range(len(run_ids))}), on="run_id").sort("order")
     cols = sorted(c for c in wide.columns if c not in ("run_id", "order"))
-    spent = (scan(store, "generated_tokens").filter(pl.col("run_id").is_in(run_ids) & (pl.col("purpose") != "eval"))
-             .group_by("run_id").agg(pl.col("tokens").sum()).collect())
-    tokens = dict(zip(spent["run_id"].to_list(), spent["tokens"].to_list()))
-    return wide.select(cols).to_numpy(), [int(tokens.get(r, 0)) for r in run_ids]
+    tokens = spent_by_run(store, run_ids)
+    return wide.select(cols).to_numpy(), [tokens[r] for r in run_ids]
 
 
 def matched_lines(store, prefix: str, runs: list[Planned]) -> list[str]:

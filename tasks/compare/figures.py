@@ -40,12 +40,13 @@ import polars as pl
 from storage.query import sql
 from storage.store import Store, check_name
 from tasks.core.curves import at_budget
+from tasks.reporting.budget import COUNTED_SQL
 
 AXES = {"tokens": "generated tokens", "steps": "optimizer steps", "seconds": "wall-clock seconds"}
 
 CHECKPOINTS = """
 WITH spent AS (SELECT run_id, round, sum(tokens) AS tokens FROM generated_tokens
-               WHERE purpose <> 'eval' AND starts_with(run_id, '{prefix}') GROUP BY ALL),
+               WHERE """ + COUNTED_SQL + """ AND starts_with(run_id, '{prefix}') GROUP BY ALL),
      stepped AS (SELECT run_id, round, count(*) AS steps FROM train_steps
                  WHERE starts_with(run_id, '{prefix}') GROUP BY ALL),
      started AS (SELECT run_id, min(created_at) AS t0 FROM runs WHERE starts_with(run_id, '{prefix}') GROUP BY ALL),

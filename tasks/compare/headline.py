@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from tasks.core.stats import Interval
+from tasks.reporting.budget import counts
 
 
 def _num(x) -> float | int | None:
@@ -59,7 +60,7 @@ def headline(ev, commits: list[str], dirty_runs: list[str]) -> dict:
             **{f"matched_{axis}": ({"budget": m.budget, "difference": _triple(m.diff)} if m else None)
                for axis, m in d.pairs.items()},
             "train_tokens": _num(d.train_tokens),
-            "generated_tokens": sum(v for p, v in f.purposes.items() if p != "eval"),
+            "generated_tokens": sum(v for p, v in f.purposes.items() if counts(p)),
             "pass1_without_never_solved": _num(without[0].mean) if without else None,
         }
     return out

@@ -16,6 +16,7 @@ from tasks.compare.figures import query
 from tasks.compare.strata import query as strata_query
 from tasks.core.seed_test import MIN_SEEDS_FOR_5PCT
 from tasks.core.stats import Interval
+from tasks.reporting.budget import counts
 
 
 def _iv(x: Interval | None, signed: bool = False) -> str:
@@ -127,7 +128,7 @@ def token_lines(ev) -> list[str]:
              "in the store (models/meter.py counts completions only), so they are not reported.", "",
              "| arm | generated tokens | training tokens | prefill tokens |", "|---|---|---|---|"]
     for f in ev.arms:
-        gen = sum(v for p, v in f.purposes.items() if p != "eval")
+        gen = sum(v for p, v in f.purposes.items() if counts(p))
         lines.append(f"| `{f.arm}` | {gen:.0f} | {ev.decisions[f.arm].train_tokens:.0f} | not recorded |")
     return lines
 
