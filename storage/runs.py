@@ -3,7 +3,9 @@
 `runs` has one row per status change of a run: running, resumed, completed, failed. A run's current status
 is its latest row, and each change is its own tiny stage, so it is atomic too. Each row records the host and
 PID of the process that wrote it, and the commit of its code and whether that code had uncommitted changes
-(storage/provenance.py).
+(storage/provenance.py). Its `config` is the run's config without `store`: where the run lives is the store the
+row is in, so a moved, copied or committed store never names its old place; `stored_config` gives it back as
+the store it was read from (rows written before name the path they were started with, which is ignored).
 
 The run lock keeps two processes (a CLI run, a deployment's flow run, a rescore) from working on the same
 run id at once. It is an OS file lock (`Store.lock`), so the kernel releases it when its holder dies, even
@@ -47,8 +49,9 @@ def run_rows(store: Store, run_id: str) -> pl.DataFrame:
 
 def _row(run_id: str, status: str, config: dict, reason: str | None = None) -> pa.Table:
     commit, dirty = code_version()
+    recorded = {k: v for k, v in config.items() if k != "store"}  # where it lives: the store the row is in
     return pa.table({"run_id": [run_id], "created_at": [datetime.now(UTC)], "status": [status],
-                     "config": [json.dumps(config, sort_keys=True)], "host": [socket.gethostname()],
+                     "config": [json.dumps(recorded, sort_keys=True)], "host": [socket.gethostname()],
                      "pid": pa.array([os.getpid()], pa.int64()), "reason": pa.array([reason], pa.string()),
                      "commit": [commit], "dirty": pa.array([dirty], pa.bool_())})
 
@@ -63,9 +66,10 @@ def mark(store: Store, run_id: str, status: str, config: dict, reason: str | Non
 
 
 def stored_config(store: Store, run_id: str) -> dict | None:
-    """The run's latest config (a resume may have changed a field that cannot change landed data)."""
+    """The run's latest config (a resume may have changed a field that cannot change landed data), with `store`
+    the store it was read from."""
     rows = run_rows(store, run_id)
-    return json.loads(rows["config"][-1]) if rows.height else None
+    return {**json.loads(rows["config"][-1]), "store": store.uri} if rows.height else None
 
 
 def _holder(store: Store, run_id: str) -> str:

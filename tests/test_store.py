@@ -226,3 +226,24 @@ def test_a_moved_store_still_finds_its_checkpoints(tmp_path, tiny_backend):
     version, path = newest_checkpoint(Store(tmp_path / "b"), "m", "base")
     assert version == 1 and path == str(tmp_path / "b" / "_checkpoints" / "run_id=m" / "v1")
     assert (tmp_path / "b" / "_checkpoints" / "run_id=m" / "v1" / "config.json").exists()
+
+
+def test_a_run_s_stored_config_names_the_store_it_is_read_from(tmp_path):
+    """runs.config does not record where the run lives: the row is in that store. Read back, `store` is the store
+    it was read from, for a moved store and for a row written before (which named its old path)."""
+    import json
+    import shutil
+    from datetime import UTC, datetime
+
+    from storage.runs import mark, stored_config
+
+    first = Store(tmp_path / "a")
+    mark(first, "m", "running", {"store": str(tmp_path / "a"), "rounds": 2})
+    assert "store" not in json.loads(q(first, "SELECT config FROM runs")[0]["config"])
+    old = {"run_id": "old", "created_at": datetime.now(UTC), "status": "completed",
+           "config": json.dumps({"store": "/home/someone/checkout/store", "rounds": 3})}
+    first.commit("completed-0", {"runs": pa.Table.from_pylist([old])}, run_id="old")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    moved = Store(tmp_path / "b")
+    assert stored_config(moved, "m") == {"store": moved.uri, "rounds": 2}
+    assert stored_config(moved, "old") == {"store": moved.uri, "rounds": 3}
