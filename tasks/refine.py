@@ -22,8 +22,9 @@ Choices, and why:
   teacher is asked in the order its calls were proposed (the batch's seed depends on it), so the same enabled
   set always makes the same children. A strategy outside the choices (one registered by a test) comes after.
 - Caps: at most `max_per_strategy` children per strategy (promotions count as `promote`) and `max_children` in
-  all; a teacher call takes its slot when proposed. A child already in this run's pool is rejected as
-  `duplicate`; one another run made is reused as it is (tasks/strategies/ledger.py).
+  all; a teacher call takes its slot when proposed. A child that is a held-out prompt or a twin of one is
+  rejected as `held out`; one already in this run's pool as `duplicate`; one another run made is reused as it
+  is (tasks/strategies/ledger.py).
 - A teacher call that fails falls back per prompt ("teacher unavailable: <why>" in the row's reason) and the
   round goes on; it is not cached, so a later run asks again. The teacher and how it is asked are the [teacher]
   section (tasks/strategies/teacher_calls.py `TeacherConfig`, shared with shape); what refine asks of it
@@ -47,6 +48,7 @@ from models.registry import load_model, load_teacher
 from storage.rounds import prompts
 from storage.store import Store, fault_point
 from tasks.core.eps import lope_replaced
+from tasks.core.heldout import twin_key
 from tasks.stage import RoundContext, skipped, stage
 from tasks.strategies import Parent, Proposal, RoundView, strategy
 from tasks.strategies.base import Answer
@@ -161,9 +163,12 @@ def refine(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher: Teacher 
     rollouts = (ctx.rows(store, "rollouts").filter(~lope_replaced()).sort("prompt_id", "sample_idx")
                 .select("prompt_id", "reward", "completion").collect())
     attempts = {k[0]: g.to_dicts() for k, g in rollouts.group_by("prompt_id")}
-    in_pool = set(ctx.rows(store, "pool").select("prompt_id").collect()["prompt_id"])
+    pool = ctx.rows(store, "pool").select("prompt_id", "status").collect()
+    in_pool = set(pool["prompt_id"])
+    held = pool.filter(pl.col("status") == "heldout")["prompt_id"].to_list()
+    held_twins = frozenset(twin_key(by_id[i]["text"], by_id[i]["answer"]) for i in held if i in by_id)
     view = RoundView(ctx.run_id, ctx.round, cfg, teacher, attempts)
-    ledger = Ledger(cfg.max_per_strategy, cfg.max_children, set(by_id), in_pool)
+    ledger = Ledger(cfg.max_per_strategy, cfg.max_children, set(by_id), in_pool, held_twins)
 
     waiting = offer(parents, view, ledger)
     fresh, unavailable = answer(store, view, waiting, asking or TeacherConfig())

@@ -158,3 +158,30 @@ def test_refinery_run_softens_too_hard_products_by_default_and_collects_the_rung
     drawn = sql(store, """SELECT DISTINCT r.prompt_id FROM rollouts r JOIN prompts p USING (prompt_id)
                           WHERE r.run_id = 'soft' AND r.round = 1 AND p.transform = 'soften'""").to_pylist()
     assert {d["prompt_id"] for d in drawn} == {m["child_id"] for m in made}
+
+
+def test_a_rung_that_is_the_twin_of_a_held_out_prompt_is_refused(store):
+    """42 * 5 steps down to 2 * 5, whose twin 5 * 2 is held out: the rung would train on the evaluation's
+    problem, so the ledger refuses it as `held out` (any strategy's child, before `duplicate`)."""
+    from tasks.core.ids import prompt_id
+
+    template = "Solve the following multiplication: {}. Give only the result as your final answer."
+    rows = []
+    for expr, answer in (("42 * 5", "210"), ("5 * 2", "10")):
+        text = template.format(expr)
+        pid = prompt_id(text, answer, "rg:products")
+        rows.append({"prompt_id": pid, "text": text, "answer": answer, "source": "rg:products",
+                     "params": json.dumps({"min_digits": 1, "max_digits": 2}), "solution": None, "parent_id": None,
+                     "meta": json.dumps({"expression": expr}), "root_id": pid, "transform": "original",
+                     "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC)})
+    store.commit("seed", {"prompts": pa.Table.from_pylist(rows)})
+    pool = pl.DataFrame({"run_id": [RUN] * 2, "round": [0, 0], "prompt_id": [r["prompt_id"] for r in rows],
+                         "status": ["active", "heldout"], "level": [None, None]},
+                        schema_overrides={"round": pl.Int32, "level": pl.String})
+    nxt = _round(store, 0, pool, {rows[0]["prompt_id"]: [0] * 4})  # 42 * 5 steps down to 2 * 5
+    made = sql(store, "SELECT accepted, reason, child_id FROM refinements WHERE strategy = 'soften'").to_pylist()
+    rung = prompt_id(template.format("2 * 5"), "10", "rg:products")
+    assert made == [{"accepted": False, "reason": "held out: the child is a held-out prompt of this run, or its twin",
+                     "child_id": rung}]
+    assert rung not in nxt["prompt_id"].to_list()  # never in the pool, never in prompts
+    assert sql(store, "SELECT count(*) AS n FROM prompts WHERE transform = 'soften'").to_pylist() == [{"n": 0}]

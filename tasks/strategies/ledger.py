@@ -6,6 +6,10 @@ Choices, and why:
   the second attempt leaves no row.
 - A child already in this run's pool is rejected as `duplicate`, except a promotion, whose child may be the
   root question coming back; a child another run already made is reused as it is (no second prompts row).
+- A child that is a held-out prompt of the run or a twin of one (tasks/core/heldout.py `twin_key`: the same
+  numbers and answer, "2 * 5" beside a held-out "5 * 2") is rejected as `held out`, before anything else: the
+  strategies that make new problems (soften, harden) can reach the evaluation's prompts, and training on them
+  would score the curriculum on what it trained on.
 - The summary counts gate rejections per stable category (`split_part(reason, ':', 1)` in SQL); the rows the
   gate never judged (`teacher unavailable`, `empty answer`) are not among them.
 """
@@ -18,6 +22,7 @@ from datetime import UTC, datetime
 import polars as pl
 import pyarrow as pa
 
+from tasks.core.heldout import twin_key
 from tasks.strategies.base import PROMOTE, Proposal
 from tasks.strategies.gate import NOT_JUDGED, reason_category
 
@@ -30,8 +35,10 @@ class Ledger:
     """The round's refinements rows and new children, and the slots each cap has taken: at most `per_strategy`
     per strategy (promotions are strategy PROMOTE) and `in_all` over all of them."""
 
-    def __init__(self, per_strategy: int, in_all: int, known: set[str], in_pool: set[str]):
+    def __init__(self, per_strategy: int, in_all: int, known: set[str], in_pool: set[str],
+                 held_twins: frozenset[str] = frozenset()):
         self.per_strategy, self.in_all, self.known, self.in_pool = per_strategy, in_all, known, in_pool
+        self.held_twins = held_twins  # twin keys of the run's held-out prompts
         self.rows: list[dict] = []
         self.children: list[dict] = []
         self.used: dict[str, int] = {}
@@ -48,7 +55,9 @@ class Ledger:
         accepted = child is not None and reason is None
         if accepted and any(c["prompt_id"] == child["prompt_id"] for c in self.children):
             return
-        if accepted and child["prompt_id"] in self.in_pool and slot != PROMOTE:
+        if accepted and slot != PROMOTE and twin_key(child["text"], child["answer"]) in self.held_twins:
+            accepted, reason = False, "held out: the child is a held-out prompt of this run, or its twin"
+        elif accepted and child["prompt_id"] in self.in_pool and slot != PROMOTE:
             accepted, reason = False, "duplicate: already in this run's pool"
         self.rows.append({"parent_id": p.parent["prompt_id"], "child_id": child["prompt_id"] if child else None,
                           "strategy": slot, "accepted": accepted, "reason": reason or (p.note if accepted else None),
