@@ -87,3 +87,16 @@ def test_the_default_arm_is_the_shipped_defaults_under_the_evidence_design():
         section, key = field.split(".")
         assert getattr(getattr(loaded, section), key) == getattr(getattr(shipped, section), key), field
     assert {o.split("=")[0] for o in ARMS["default"]} == pinned  # and nothing else: the rest is the shared config
+
+
+def test_every_arm_loads_over_the_evidence_design_and_a_candidate_is_the_default_plus_one_part():
+    from pathlib import Path
+
+    from flows.config import load_config
+
+    design = str(Path(__file__).parent.parent / "benchmarks" / "evidence.toml")
+    loaded = {name: load_config(design, sets=sets) for name, sets in ARMS.items()}
+    assert loaded["default_thompson"].select.selector == "thompson" != loaded["default"].select.selector
+    assert loaded["default_replay"].train.replay_share == 0.25 > loaded["default"].train.replay_share
+    for name in ("default_thompson", "default_replay"):
+        assert ARMS[name][: len(ARMS["default"])] == ARMS["default"] and len(ARMS[name]) == len(ARMS["default"]) + 1
