@@ -15,10 +15,8 @@ of the shared ones. The built-in arms:
   (`rollout.lope_prefixes=0`). Under benchmarks/evidence.toml it runs the same config as `no_lope`; it is
   its own arm so that it follows the defaults when they change (tests/test_compare.py checks its values
   against RunConfig's);
-- `default_thompson`, `default_replay`: the default with one part that is built but off by default (Thompson
-  selection on the pass-rate posterior; replay of the last rounds' informative groups at a quarter of the
-  training rows, whose rows cost no generated tokens): the candidates issue 50 item 7 decides between, before the
-  default changes.
+- `default_thompson`, `default_replay`: the default plus one part built but off (Thompson selection; replay at a
+  quarter of the training rows): the candidates issue 50 item 7 decides between.
 Seed s sets the sampling, selection, shaping and training seeds of every arm alike (`rollout.seed`,
 `select.seed`, `shape.seed`, `train.seed`), so arms pair by seed; the pool's and the evaluation's seeds stay
 shared, so every run draws the same pool and holds out the same prompts. Run ids are
@@ -49,7 +47,6 @@ ARMS: dict[str, list[str]] = {
     "no_fewshot": ["rollout.fewshot_p0=0.0"],
     "no_lope": ["rollout.lope_prefixes=0"],
     "default": ["rollout.lope_prefixes=0"],  # the shipped value of each non-design pin of benchmarks/evidence.toml
-    # candidates for the default (issue 50 item 7): the default with one part that is built but off
     "default_thompson": ["rollout.lope_prefixes=0", "select.selector=thompson"],
     "default_replay": ["rollout.lope_prefixes=0", "train.replay_share=0.25"],
 }

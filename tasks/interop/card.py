@@ -60,10 +60,12 @@ def features(schema: pa.Schema) -> list[dict]:
 
 
 def provenance(store: Store, run_id: str, config: dict) -> dict:
-    """The run's commit and dirty flag (its latest `runs` row) and its config digest."""
+    """The run's commit and dirty flag (its latest `runs` row) and its config digest: of the config as that row
+    records it (`config` only where there is no row), so a moved store's card keeps its digest."""
     rows = run_rows(store, run_id)
     last = rows.row(-1, named=True) if rows.height else {}
-    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    recorded = json.loads(last["config"]) if last.get("config") else config
+    canonical = json.dumps(recorded, sort_keys=True, separators=(",", ":"), default=str)
     return {"commit": last.get("commit"), "dirty": last.get("dirty"),
             "config_digest": "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()}
 
