@@ -128,6 +128,14 @@ class EvalTarget:
     rows: list | None
 
 
+def evaluated(s: Store, run_id: str, version: int) -> bool:
+    """Has the run any `evals` row of this checkpoint?"""
+    from storage.query import scan
+
+    rows = scan(s, "evals").filter((pl.col("run_id") == run_id) & (pl.col("policy_version") == version))
+    return rows.select(pl.len()).collect().item() > 0
+
+
 def eval_target(s: Store, run_id: str | None, checkpoint: int | None, dataset: str | None,
                 dataset_name: str | None) -> EvalTarget:
     """The evaluate flow's input checked against the store, nothing landed: the run (default the newest
@@ -149,7 +157,8 @@ def eval_target(s: Store, run_id: str | None, checkpoint: int | None, dataset: s
     if row.height == 0:
         raise ValueError(f"run {run_id} has no checkpoint {checkpoint}; it has "
                          f"{', '.join(map(str, known['policy_version'].to_list()))}")
-    if checkpoint and checkpoint_gone(s, row["path"][0]):
+    if checkpoint and checkpoint_gone(s, row["path"][0]) and not evaluated(s, run_id, checkpoint):
+        # never evaluated and gone: pruned (a store copied without its weights keeps its landed evaluations)
         raise ValueError(f"run {run_id}'s checkpoint {checkpoint} was pruned (train.keep_checkpoints = 'evaluated' "
                          f"keeps the newest and the evaluated versions) or deleted: {row['path'][0]} is gone")
     if dataset is None:

@@ -145,9 +145,11 @@ def prune_checkpoints(store: Store, run_id: str) -> list[int]:
     newest = int(known["policy_version"].max())
     evaluated = set(scan(store, "evals").filter(pl.col("run_id") == run_id).select("policy_version").unique()
                     .collect()["policy_version"].to_list())
+    # a round that trained nothing records its version at its parent's folder: a folder kept by any kept version
+    kept = {str(p) for v, p in known.select("policy_version", "path").iter_rows() if v in (0, newest) or v in evaluated}
     gone = []
     for version, path in known.select("policy_version", "path").iter_rows():
-        if version in (0, newest) or version in evaluated or not own_folder(store, run_id, version, path):
+        if version in (0, newest) or version in evaluated or str(path) in kept or not own_folder(store, run_id, version, path):
             continue
         cached = checkpoint_dir(store, run_id, version)
         if store.local:

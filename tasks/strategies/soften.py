@@ -66,6 +66,8 @@ def soften_expression(expression: str) -> str | None:
         shorter = str(int(digits[1:]))
         if int(shorter) == 0 or (int(shorter) == 1 and "*" in expression) or len(shorter) < len(digits) - 1:
             shorter = digits[:-1]
+            if int(shorter) == 1 and "*" in expression:
+                return None  # 10 * 7 would become 1 * 7, which poses its answer
         return expression[:m.start()] + shorter + expression[m.end():]
     if len(spans) > 2:
         return expression[:spans[-2].end()]
