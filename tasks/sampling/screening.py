@@ -90,7 +90,8 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
     bins = bins_of(store, set(candidates["prompt_id"].to_list()) | set(history["prompt_id"].to_list()))
     taken = set(chosen)
     rest = [i for i in candidates["prompt_id"].to_list() if i not in taken]
-    before = in_order(posterior(bins, history, PRIOR_STRENGTH), rest)
+    prior = posterior(bins, history, PRIOR_STRENGTH)  # before the round generated anything: refills, predictions
+    before = in_order(prior, rest)
     queue = chosen + refill_order(rest, before["alpha"].to_numpy(), before["beta"].to_numpy(), select_cfg.seed,
                                   ctx.round, g)
     screens: list[pl.DataFrame] = []  # this round's screens so far, as pass counts
@@ -162,7 +163,7 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
                            rewards=lambda grp: grp.rewards, first_size=batch, verdict=verdict)
     got, table, extra = landed(ctx, candidates, out, select_cfg.selector,
                                lambda b: f"{select_cfg.selector}: screening refill, generation batch {b + 1}")
-    extra["predictions"] = predictions_table(ctx, in_order(posterior(bins, history, PRIOR_STRENGTH), screened), g)
+    extra["predictions"] = predictions_table(ctx, in_order(prior, screened), g)
     drawn = [d.group for d in out.kept + out.discarded]
     screen_tokens = sum(grp.screen_tokens for grp in drawn)
     reasons = [d.reason for d in out.discarded]
