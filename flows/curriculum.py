@@ -171,7 +171,10 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                 log.info(budget)
                 break
             first = len(stages)
-            version, spec = policy_for_round(store, config.run_id, r, base)
+            # on resume, a round whose train stage landed loads its policy no more (evaluate reads the next one),
+            # and keep_checkpoints = evaluated may have deleted its folder
+            trained = config.train.enabled and store.landed(config.run_id, r, "train")
+            version, spec = policy_for_round(store, config.run_id, r, base, need_weights=not trained)
             ctx = RoundContext(store=store.uri, run_id=config.run_id, round=r, policy_version=version, base=base,
                                rounds=config.rounds, model=config.model.model_copy(update={"policy": spec}),
                                scale=config.scale, token_budget=config.max_generated_tokens, tokens_spent=spent)
@@ -211,13 +214,14 @@ def _rounds(config: RunConfig, store: Store) -> dict:
 
 def evaluation(store: Store, config: RunConfig, ctx: RoundContext, spent: int) -> list[dict]:
     """The round's evaluate stage, if it is due (tasks/evaluate.py `due`: every round, or a milestone the round
-    reached, or the run's end; round 0 always scores the base model, milestone 0): its summary, or nothing."""
+    reached, or the run's end; round 0 always scores the base model, milestone 0): its summary, or nothing.
+    The new checkpoint's weights are wanted only when it is due (else retention may have deleted them)."""
     r, base = ctx.round, config.model.policy
     after = spent_tokens(store, config.run_id, before_round=r + 1)
     last = r + 1 == config.rounds or (config.max_generated_tokens is not None
                                       and after >= config.max_generated_tokens)
     now, mark = due(config.eval, spent, after, last)
-    new = policy_for_round(store, config.run_id, r + 1, base)
+    new = policy_for_round(store, config.run_id, r + 1, base, need_weights=now)
     versions = [(0, base)] if r == 0 and new[0] != 0 else []
     at = {0: (0, 0), new[0]: (mark, after) if new[0] else (0, 0)}  # the base model is milestone 0
     if now or (r == 0 and new[0] == 0):  # training off: version 0, the base model, is scored in round 0

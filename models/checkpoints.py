@@ -111,10 +111,15 @@ def save_checkpoint(model, tokenizer, store: Store, run_id: str, version: int) -
 
 
 
-def policy_for_round(store: Store, run_id: str, round: int, base: str) -> tuple[int, str]:
+def policy_for_round(store: Store, run_id: str, round: int, base: str,
+                     need_weights: bool = True) -> tuple[int, str]:
     """(policy_version, model spec) that samples round `round`: the newest checkpoint made before it, else the
-    configured base model as version 0. Raises FileNotFoundError when that checkpoint's folder is gone."""
+    configured base model as version 0. Raises FileNotFoundError when that checkpoint's folder is gone, unless
+    `need_weights` is off (a landed round on resume: nothing loads it, and retention may have deleted it);
+    then the recorded path comes back as it is, unfetched."""
     version, path = newest_checkpoint(store, run_id, base, before_round=round)
+    if version and not need_weights:
+        return version, path
     if version:
         path = local_copy(store, path)
     if version and not Path(path).is_dir():

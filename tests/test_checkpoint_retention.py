@@ -44,6 +44,20 @@ def test_only_the_newest_and_the_evaluated_checkpoints_stay(prefect_api, tmp_pat
     assert prune_checkpoints(store, "lean") == []  # nothing left to prune: it is idempotent
 
 
+def test_a_pruned_run_resumes_past_its_deleted_checkpoints(prefect_api, tmp_path):
+    """Resuming walks the landed rounds again; their policies' folders may be pruned, and nothing loads them:
+    the resume goes on from the newest checkpoint (it failed on v1's missing folder before)."""
+    store = Store(tmp_path / "store")
+    sets = [*SETS, "train.keep_checkpoints=evaluated"]
+    curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=2))
+    assert _folders(store, "lean") == [2]
+    out = curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=3))
+    assert out["started_as"] == "resumed"
+    evaluated = {r["policy_version"] for r in q(store, "SELECT DISTINCT policy_version FROM evals WHERE run_id = 'lean'")}
+    assert evaluated == {0, 2, 3}
+    assert _folders(store, "lean") == [2, 3]
+
+
 def test_a_row_naming_another_folder_is_never_deleted(store, tmp_path):
     """A checkpoints row is data: one that names a folder outside the run's own checkpoint folder (another run's,
     or anything on disk) is skipped; the run's own unevaluated, older folder is deleted."""
