@@ -335,3 +335,17 @@ def test_the_calibration_table_is_the_predictions_beside_the_own_samples():
     # deciles 2 and 8: |0.25 - 0.25| and |0.85 - 0.75|, weighted 4 and 4
     assert abs(s["calibration_error"] - 0.05) < 1e-12
     assert abs(summary["thompson"]["calibration_error"] - 0.25) < 1e-12
+
+
+def test_a_screening_run_is_calibrated_on_its_screens_only():
+    """With k_s = 2, prompt a's screen (samples 0-1) passed 1 of 2 and its top-ups 2 of 2; b's screen failed twice
+    and got no top-up: only the screens count (3 of 4 would weight a by its mixed screen)."""
+    preds = pl.DataFrame({"selector": ["screening"] * 2, "round": [2, 2], "prompt_id": ["a", "b"],
+                          "predicted_pass_rate": [0.5, 0.2]})
+    samples = pl.DataFrame({"round": [2] * 6, "prompt_id": ["a"] * 4 + ["b"] * 2, "sample_idx": [0, 1, 2, 3, 0, 1],
+                            "reward": [1.0, 0.0, 1.0, 1.0, 0.0, 0.0], "correct": [True, False, True, True, False, False],
+                            "augmentation": pl.Series([None] * 6, dtype=pl.String)})
+    screened = report_plots.calibration_frame(preds, samples, screen_samples=2)
+    assert screened.select("prompt_id", "successes", "failures").rows() == [("a", 1, 1), ("b", 0, 2)]
+    every = report_plots.calibration_frame(preds, samples)  # a run without screening: its groups are whole
+    assert every.select("prompt_id", "successes", "failures").rows() == [("a", 3, 1), ("b", 0, 2)]

@@ -26,6 +26,7 @@ from typing import Any
 import polars as pl
 
 from storage.query import connect
+from storage.runs import stored_config
 from storage.store import Store
 from tasks.core.eps import ROUND_OWN_SCORES
 from tasks.reporting.plots import (
@@ -54,8 +55,9 @@ _QUERIES = {
     "train": "SELECT round, step, policy_version, loss, pg_loss, sft_loss, kl, n_tokens FROM train_steps WHERE {w} "
              "ORDER BY round, step",
     "predictions": "SELECT selector, round, prompt_id, predicted_pass_rate FROM predictions WHERE {w}",
-    "samples": """SELECT round, prompt_id, reward, correct, augmentation FROM rollouts WHERE {w} UNION ALL
-                  SELECT round, prompt_id, reward, correct, augmentation FROM discarded_rollouts WHERE {w}""",
+    "samples": """SELECT round, prompt_id, sample_idx, reward, correct, augmentation FROM rollouts WHERE {w} UNION ALL
+                  SELECT round, prompt_id, sample_idx, reward, correct, augmentation FROM discarded_rollouts
+                  WHERE {w}""",
 }
 
 
@@ -69,7 +71,9 @@ def run_frames(store: Store, run_id: str, round: int | None = None) -> dict[str,
         if round is not None:
             where, params = where + " AND round = $round", {**params, "round": round}
         out = {name: con.sql(q.format(w=where), params=params).pl() for name, q in _QUERIES.items()}
-        out["calibration"] = calibration_frame(out.pop("predictions"), out.pop("samples"))
+        config = stored_config(store, run_id) or {}
+        screen = int(config.get("rollout", {}).get("screen_samples", 0))  # absent: a run from before screening
+        out["calibration"] = calibration_frame(out.pop("predictions"), out.pop("samples"), screen)
         out["runs"] = con.sql("SELECT status, created_at FROM runs WHERE run_id = $run ORDER BY created_at",
                               params={"run": run_id}).pl()
         return out

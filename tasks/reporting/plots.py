@@ -147,15 +147,21 @@ def plot_train_loss(train: pl.DataFrame):
     return fig
 
 
-def calibration_frame(predictions: pl.DataFrame, samples: pl.DataFrame) -> pl.DataFrame:
+def calibration_frame(predictions: pl.DataFrame, samples: pl.DataFrame, screen_samples: int = 0) -> pl.DataFrame:
     """(selector, round, prompt_id, predicted_pass_rate, successes, failures): each prediction beside the round's
     own unassisted samples of its prompt (rollouts and discarded_rollouts: a screened-out screen counts; LoPE
     replacements count as the failure they displaced, few-shot-assisted samples not at all, as the model's own
-    counts do: tasks/core/passrate.py `pass_counts`). Predictions whose prompt got no own sample are left out."""
+    counts do: tasks/core/passrate.py `pass_counts`). Predictions whose prompt got no own sample are left out.
+    A screening run (`screen_samples` k_s > 0) is read on its screens only, sample_idx < k_s: top-ups go to the
+    prompts whose screen was mixed, so counting them would weight each prompt by what its screen showed."""
     empty = pl.DataFrame(schema={"selector": pl.String, "round": pl.Int32, "prompt_id": pl.String,
                                  "predicted_pass_rate": pl.Float64, "successes": pl.Int64, "failures": pl.Int64})
     if predictions.height == 0 or samples.height == 0:
         return empty
+    if screen_samples > 0:
+        samples = samples.filter(pl.col("sample_idx") < screen_samples)
+        if samples.height == 0:
+            return empty
     counts = pl.concat([pass_counts(samples.filter(pl.col("round") == r)).with_columns(pl.lit(r, pl.Int32).alias("round"))
                         for r in samples["round"].unique().sort()])
     return (predictions.select("selector", pl.col("round").cast(pl.Int32), "prompt_id", "predicted_pass_rate")
