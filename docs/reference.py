@@ -7,7 +7,7 @@ with one line naming the stale pages (tests/test_docs.py runs the same compariso
   its arguments with their defaults and help, in parser order.
 - docs/config.md: every field of `RunConfig` (flows/config.py) and of each section it composes, recursively:
   type, default, bounds (`ge`/`gt`/`le`/`lt`, patterns, `Literal` choices) and description; the fields a
-  resume may change (flows/curriculum.py `_RESUMABLE`, the rule `check_resume` applies); and a complete TOML
+  resume may change (flows/resume.py `_RESUMABLE`, the rule `check_resume` applies); and a complete TOML
   file of the defaults.
 
 The hand-written prose around each generated part lives in docs/templates/<page>: the line
@@ -183,7 +183,7 @@ def _toml(tree: dict, prefix: str = "") -> list[str]:
 
 def config_page() -> str:
     from flows.config import RunConfig
-    from flows.curriculum import _RESUMABLE
+    from flows.resume import _RESUMABLE
 
     out = []
     for path, table in _rows(RunConfig):
@@ -194,7 +194,7 @@ def config_page() -> str:
         out += ["", f"### `{path or 'top level'}`", "", doc + "\n".join(table)]
     resumable = ", ".join(f"`{k}`" for k in sorted(_RESUMABLE))
     out += ["", "### What a resume may change", "",
-            f"Rerunning a run id may change only these fields (flows/curriculum.py `_RESUMABLE`): {resumable}. "
+            f"Rerunning a run id may change only these fields (flows/resume.py `_RESUMABLE`): {resumable}. "
             "Any other difference from the run's stored config is refused, naming the field."]
     toml = _toml(RunConfig().model_dump(mode="json"))
     out += ["", "### Every field at its default, as a config file", "", "```toml", *toml, "```"]

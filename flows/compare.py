@@ -222,7 +222,7 @@ def already_complete(config) -> dict | None:
     disk, which a comparison store copied without its `_checkpoints/` (or on another host) no longer has."""
     import json
 
-    from flows.curriculum import check_resume
+    from flows.resume import check_resume
     from storage.runs import run_rows
     from storage.store import Store
 

@@ -50,6 +50,7 @@ import pyarrow as pa
 
 from flows.config import RunConfig, load_config, renamed
 from flows.preflight import validate_for_run
+from flows.resume import keep_stored, stored_fields
 from storage.rounds import prompts, this_round
 from storage.runs import mark, run_lock, stored_config
 from storage.schemas import TABLES
@@ -97,7 +98,9 @@ class Sampler:
             previous = stored_config(self.store, run_id)
             if previous is not None and previous.get("sampler") is None:
                 raise ValueError(f"run {run_id} exists and was not made by a sampler; choose another run id")
-            if previous is not None and _essential(previous) != _essential(self._recorded()):
+            if previous is not None:  # a default changed since (soften joined the strategies) keeps the run's own
+                self.config = keep_stored(self.config, previous)
+            if previous is not None and _essential(_as_today(previous)) != _essential(self._recorded()):
                 raise ValueError(f"run {run_id} was sampled with another config (pool, select, utility, refine, "
                                  "teacher, rollout.instruction, rollout.include_reserve or correct_at differ); choose "
                                  "another run id")
@@ -248,6 +251,12 @@ class Sampler:
             pl.lit(None, pl.Boolean).alias("verify_timeout"), pl.lit(None, pl.List(pl.Int32)).alias("token_ids"),
             pl.lit(None, pl.List(pl.Float32)).alias("token_logprobs"))
         return frame.select(TABLES["rollouts"].names).to_arrow().cast(TABLES["rollouts"])
+
+
+def _as_today(previous: dict) -> dict:
+    """A stored sampler config read through today's RunConfig (flows/resume.py `stored_fields`): a field added
+    since takes what the run ran with, so it does not read as a difference."""
+    return {**stored_fields(previous), "sampler": previous.get("sampler")}
 
 
 def _essential(config: dict) -> dict:

@@ -119,3 +119,21 @@ def test_a_refinery_run_id_is_not_a_samplers(store):
     mark(store, "mine", "completed", {"rounds": 2})
     with pytest.raises(ValueError, match="exists and was not made by a sampler"):
         Sampler(store.root, "mine", sets=SETS)
+
+
+def test_a_run_sampled_before_a_default_changed_resumes(store):
+    """A sampler run stored by an older version (its strategies without soften, which joined the defaults later,
+    and a config without a field added since) resumes under today's defaults with its own strategies."""
+    from flows.config import load_config
+    from storage.runs import mark
+
+    sets = [s for s in SETS if not s.startswith("refine.strategies")]
+    old = {**load_config(None, sets, run_id="old", store=store.root).model_dump(mode="json"),
+           "sampler": {"correct_at": 1.0}}
+    old["refine"]["strategies"] = ["ladder", "teacher_scaffold", "hint_prefix", "harden"]
+    del old["rollout"]["screen_samples"]  # stored before screening existed
+    mark(store, "old", "running", old)
+    with Sampler(store.root, "old", sets=sets) as s:
+        assert s.config.refine.strategies == ["ladder", "teacher_scaffold", "hint_prefix", "harden"]
+    with pytest.raises(ValueError, match="was sampled with another config"):  # a change the user asked for
+        Sampler(store.root, "old", sets=[*sets, 'refine.strategies=["ladder"]'])

@@ -174,7 +174,7 @@ def prepared_run(a: argparse.Namespace, early_server: bool = True):
         # so its own check is free
         config = placed(config)
         if stored is not None:  # a resume: what the user gave differs from the stored run only where allowed
-            from flows.curriculum import check_resume
+            from flows.resume import check_resume
 
             check_resume(config, stored)
         validate_for_run(config)  # sources, models, teacher, backend: before any flow starts
