@@ -19,7 +19,7 @@ from tasks.core.rewards import rg_score
 from tasks.core.sources import rg_rows
 from tasks.refine import refine
 from tasks.strategies.gate import Lengths
-from tasks.strategies.soften import soften_expression, softened_row
+from tasks.strategies.soften import can_soften, soften_expression, softened_row
 
 RUN = "soft"
 
@@ -135,6 +135,24 @@ def test_a_lineage_steps_down_to_the_frontier_and_climbs_back_to_its_root(store)
     assert not again["accepted"] and again["reason"] == "duplicate: already in this run's pool"
     assert status(pool, root["prompt_id"]) == "reserve"
     assert sql(store, "SELECT count(*) AS n FROM prompts WHERE transform = 'soften'").to_pylist() == [{"n": 2}]
+
+
+def test_a_rung_at_the_minimum_takes_no_soften_slot(store):
+    """A too-hard rung with no step down (a one-digit product) and a source soften does not know are not proposed:
+    a rejected proposal would be written, and charged a slot of the round's cap, every round."""
+    root = _item(min_digits=2, max_digits=2)
+    assert can_soften(root) and not can_soften(dict(root, source="rg:gcd"))
+    store.commit("seed", {"prompts": pa.Table.from_pylist([dict(root, created_at=dt.datetime(2026, 1, 1,
+                                                                                             tzinfo=dt.UTC))])})
+    pool = pl.DataFrame({"run_id": [RUN], "round": [0], "prompt_id": [root["prompt_id"]], "status": ["active"],
+                         "level": [None]}, schema_overrides={"round": pl.Int32, "level": pl.String})
+    pool = _round(store, 0, pool, {root["prompt_id"]: [0] * 4})
+    pool = _round(store, 1, pool, {pool.filter(pl.col("status") == "active")["prompt_id"][0]: [0] * 4})
+    bottom = pool.filter(pl.col("status") == "active")["prompt_id"][0]
+    meta = json.loads(sql(store, f"SELECT meta FROM prompts WHERE prompt_id = '{bottom}'").to_pylist()[0]["meta"])
+    assert meta["level"] == "digits 1,1" and soften_expression(meta["expression"]) is None
+    _round(store, 2, pool, {bottom: [0] * 4})  # still too hard, and no easier step
+    assert sql(store, "SELECT count(*) AS n FROM refinements WHERE round = 2").to_pylist() == [{"n": 0}]
 
 
 def test_refinery_run_softens_too_hard_products_by_default_and_collects_the_rungs(tmp_path, prefect_api):

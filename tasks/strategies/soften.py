@@ -8,7 +8,9 @@ basic_arithmetic; + - * and integers only):
   one (`12 * 21` -> `12 * 1` would pose its answer) or drop more than one digit (`20`, `205`), the last digit goes
   instead (`2`, `20`);
 - once every operand has one digit, the last term goes (`3 + 4 + 5` -> `3 + 4`);
-- at two one-digit terms there is no step down (`unsupported: at the minimum`).
+- at two one-digit terms there is no step down (`unsupported: at the minimum`). A parent soften cannot step
+  down (at the minimum, another task, no expression once in its text) takes no soften slot (`can_soften`): a
+  too-hard rung at the minimum would otherwise be proposed, rejected and charged a slot every round.
 So 2-digit x 2-digit products step to 2-digit x 1-digit (a partial product of the worked solution's long
 multiplication) and then to the times table: the intermediate rung is the one a 135M policy can be at 25-75% on.
 Keeping the widest operand's trailing digits keeps the child a step of the parent's own worked solution; a fresh
@@ -74,6 +76,15 @@ def soften_expression(expression: str) -> str | None:
     return None
 
 
+def can_soften(row: dict) -> bool:
+    """Has `row` a step down: an rg: task of SOFTENED whose expression is once in its text, above the minimum."""
+    if not row["source"].startswith("rg:") or row["source"][3:] not in SOFTENED:
+        return False
+    expression = json.loads(row.get("meta") or "{}").get("expression")
+    return (isinstance(expression, str) and row["text"].count(expression) == 1
+            and soften_expression(expression) is not None)
+
+
 def softened_row(parent: dict, root: dict, run_id: str, round: int,
                  lengths: Lengths = LENGTHS) -> tuple[dict | None, str | None]:
     """The one-step-easier sibling of `parent` (an original, or a rung of `root`'s lineage), made its child.
@@ -122,8 +133,8 @@ class Soften(Strategy):
         if parent.transform == self.name:
             if view.solved(parent):
                 return PROMOTE
-            return self.name if parent.bucket in self.buckets else None
-        return super().slot(parent, view)
+            return self.name if parent.bucket in self.buckets and can_soften(parent.row) else None
+        return super().slot(parent, view) if can_soften(parent.row) else None
 
     def propose(self, parent: Parent, view: RoundView) -> list[Proposal]:
         if parent.transform == self.name and view.solved(parent):
