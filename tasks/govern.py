@@ -79,10 +79,14 @@ def measures(store: Store, run_id: str, before: int, screen_samples: int = 0) ->
                     .group_by("round").len().collect().iter_rows())
     screened = {r for r, t in spent("collect", ("screen",)).items() if t > 0}
     topup_rows, topup_cost = posterior_topups(store, run_id, before, screen_samples, screened)
-    rows = {"rollout": informative, "lope": rescued, "shape": shaped, "refine": accepted, "topup": topup_rows}
-    # the baseline pays for every collect token that made its groups: screening samples (`screen`) and top-ups
-    cost = {"rollout": spent("collect", ("rollout", "screen")), **{c: spent(*STAGE_OF[c]) for c in STAGE_OF},
-            "topup": topup_cost}
+    # the baseline pays for every collect token that made its groups: screening samples (`screen`) and the top-ups
+    # of mixed screens; the posterior's top-ups are the `topup` component's, so they leave the baseline (rows
+    # and tokens), or the component would be measured against itself
+    baseline = spent("collect", ("rollout", "screen"))
+    base_rows = {r: informative.get(r, 0) - topup_rows.get(r, 0) for r in range(before)}
+    base_cost = {r: baseline.get(r, 0) - topup_cost.get(r, 0) for r in range(before)}
+    rows = {"rollout": base_rows, "lope": rescued, "shape": shaped, "refine": accepted, "topup": topup_rows}
+    cost = {"rollout": base_cost, **{c: spent(*STAGE_OF[c]) for c in STAGE_OF}, "topup": topup_cost}
     return {c: {r: Measure(r, int(cost[c].get(r, 0)), float(rows[c].get(r, 0))) for r in range(before)}
             for c in rows}
 

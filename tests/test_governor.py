@@ -124,8 +124,8 @@ def test_posterior_topups_are_measured_from_the_store_and_capped_when_held(store
 
 
 def test_a_topup_that_pays_less_than_rollouts_is_held_at_one(store):
-    """Posterior top-ups that make 8 rows per 1k of their tokens against the baseline's 40, two rounds running:
-    round 2 holds `rollout.screen_posterior_topups` at 1."""
+    """Posterior top-ups that make 8 rows per 1k of their tokens against the baseline's 78 (the rest of collect),
+    two rounds running: round 2 holds `rollout.screen_posterior_topups` at 1."""
     from storage.schemas import schema
     from tasks.core.governor import GovernorConfig
     from tasks.govern import govern_task, governor_rows, held_sections
@@ -140,8 +140,11 @@ def test_a_topup_that_pays_less_than_rollouts_is_held_at_one(store):
                  "n_tokens": [3, 3, 1, 375][i], "mean_logprob": -1.0, "finish_reason": "stop"} for i in range(G)]
         gone = [{**row, "prompt_id": f"z{r}", "reward": 0.0, "correct": False, "n_tokens": [3, 3, 62, 62][row["sample_idx"]],
                  "gen_batch": 0, "reason": "zero_variance"} for row in rows]
+        kept = [{"run_id": "tq", "round": r, "policy_version": 0, "prompt_id": f"u{r}", "n": G, "mean_reward": 0.25,
+                 "std_reward": 0.43, "eps": 0.1, "bucket": "informative"}]  # the top-up made it mixed
         store.commit("collect-more", {
             "rollouts": pa.Table.from_pylist(rows, schema=schema("rollouts")),
+            "prompt_scores": pa.Table.from_pylist(kept, schema=schema("prompt_scores")),
             "discarded_rollouts": pa.Table.from_pylist(gone, schema=schema("discarded_rollouts")),
             "generated_tokens": pa.Table.from_pylist([{"run_id": "tq", "round": r, "stage": "collect",
                                                        "purpose": "screen", "calls": 1, "completions": 4, "tokens": 12}],
@@ -151,5 +154,7 @@ def test_a_topup_that_pays_less_than_rollouts_is_held_at_one(store):
     row = governor_rows(store, "tq", 2).filter(component="topup").to_dicts()[0]
     assert (row["decision"], row["tokens"], row["rows"]) == ("throttle", 500, G)
     assert row["yield_per_1k"] == pytest.approx(8.0) and row["yield_per_1k"] < row["baseline_per_1k"]
+    # the baseline without the component's own group and tokens: 10 groups of G over 1000 + 12 - 500 tokens
+    assert row["baseline_per_1k"] == pytest.approx(10 * G * 1000 / 512)
     held = held_sections(store, "tq", 2, {"rollout": RolloutConfig()})["rollout"]
     assert held.screen_posterior_topups == 1 and RolloutConfig().screen_posterior_topups > 1
