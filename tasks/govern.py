@@ -18,7 +18,7 @@ import pyarrow as pa
 from models.config import Section
 from storage.query import scan
 from storage.store import Store
-from tasks.core.governor import COMPONENTS, GovernorConfig, Measure, decide
+from tasks.core.governor import COMPONENTS, Component, GovernorConfig, Measure, decide
 from tasks.stage import RoundContext, stage
 
 STAGE_OF = {"lope": ("collect", ("lope",)), "shape": ("shape", None), "refine": ("refine", None)}
@@ -96,6 +96,18 @@ def governor_rows(store: Store, run_id: str, round: int) -> pl.DataFrame:
     return scan(store, "governor").filter((pl.col("run_id") == run_id) & (pl.col("round") == round)).collect()
 
 
+def governed(store: Store, run_id: str, round: int) -> tuple[Component, ...]:
+    """The components the run governs in `round`: those of its first governed round before it, else all. A run
+    started before a component existed (topup joined later) keeps its own set, so a resume under a newer
+    version does not start throttling something the run never measured; a new run governs all of them."""
+    landed = scan(store, "governor").filter((pl.col("run_id") == run_id) & (pl.col("round") < round))
+    first = landed.filter(pl.col("round") == pl.col("round").min()).select("component").collect()
+    if first.height == 0:
+        return COMPONENTS
+    names = set(first["component"].to_list())
+    return tuple(c for c in COMPONENTS if c.name in names)
+
+
 @stage("govern")
 def govern_task(ctx: RoundContext, store: Store, cfg: GovernorConfig, screen_samples: int = 0) -> dict:
     """Decide this round's throttles from the earlier rounds and land them (`screen_samples`: the run's k_s)."""
@@ -103,7 +115,7 @@ def govern_task(ctx: RoundContext, store: Store, cfg: GovernorConfig, screen_sam
     was = dict(previous.select("component", "throttled").iter_rows()) if previous.height else {}
     m = measures(store, ctx.run_id, ctx.round, screen_samples)
     rows = []
-    for comp in COMPONENTS:
+    for comp in governed(store, ctx.run_id, ctx.round):
         history = [(m[comp.name][r], m["rollout"][r]) for r in range(ctx.round)]
         if not cfg.enabled or not history:
             throttled, decision, below = False, "off" if not cfg.enabled else "start", 0

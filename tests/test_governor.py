@@ -158,3 +158,21 @@ def test_a_topup_that_pays_less_than_rollouts_is_held_at_one(store):
     assert row["baseline_per_1k"] == pytest.approx(10 * G * 1000 / 512)
     held = held_sections(store, "tq", 2, {"rollout": RolloutConfig()})["rollout"]
     assert held.screen_posterior_topups == 1 and RolloutConfig().screen_posterior_topups > 1
+
+
+def test_a_run_started_before_a_component_existed_keeps_its_own_set(store):
+    """A run whose round 0 governed lope, shape and refine (it predates `topup`) resumes under this version
+    without topup rows or throttles; a new run governs every component."""
+    from storage.schemas import schema
+    from tasks.core.governor import COMPONENTS, GovernorConfig
+    from tasks.govern import govern_task, governor_rows
+
+    old = [{"run_id": "old", "round": 0, "component": c.name, "field": c.field, "measured_round": None, "tokens": None,
+            "rows": None, "yield_per_1k": None, "baseline_per_1k": None, "below_rounds": 0, "throttled": False,
+            "decision": "start"} for c in COMPONENTS if c.name != "topup"]
+    store.commit("govern", {"governor": pa.Table.from_pylist(old, schema=schema("governor"))}, run_id="old", round=0)
+    _land_round(store, "old", 0, 1000, 10, 0, 0)
+    govern_task.fn(round_ctx(store, "old", 1), GovernorConfig(), 2)
+    assert sorted(governor_rows(store, "old", 1)["component"].to_list()) == ["lope", "refine", "shape"]
+    govern_task.fn(round_ctx(store, "new", 0), GovernorConfig(), 2)
+    assert sorted(governor_rows(store, "new", 0)["component"].to_list()) == sorted(c.name for c in COMPONENTS)
