@@ -15,7 +15,7 @@ the bonus again).
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import polars as pl
@@ -58,6 +58,13 @@ class SelectConfig(Section):
     minibatch_above: int = Field(20_000, ge=1, le=1_000_000_000, description="kmeans: with more candidates than "
                                  "this, cluster with MiniBatchKMeans (batches of 4096), since full Lloyd "
                                  "iterations over 10^5+ points are too slow")
+    pass_rate_prior: Literal["fitted", "pooled"] = Field(
+        "fitted", description="the pass-rate model's bin prior (thompson, screening; tasks/core/passrate.py): "
+        "fitted (empirical Bayes: each bin's mean and spread across its prompts) or pooled (4 pseudo-samples of "
+        "the bin's mean on Beta(1, 1), which over-predicts a mixed group after a unanimous screen)")
+
+    # a run stored before the fitted prior existed drew with the pooled one: it resumes so
+    absent_means: ClassVar[dict] = {"pass_rate_prior": "pooled"}
 
 
 @stage("select")

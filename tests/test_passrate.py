@@ -11,7 +11,9 @@ import polars as pl
 import pytest
 
 from tasks.core.passrate import (
+    RHO_RANGE,
     bin_key,
+    fitted_priors,
     p_informative,
     p_informative_at,
     pass_counts,
@@ -63,28 +65,86 @@ def test_counts_are_own_unassisted_samples():
                                                                         "failures": 0}]
 
 
-def _failed_and_mixed():
+def _failed_and_mixed(prior: str = "fitted"):
     """Bin 'hard': 8 prompts drawn once at 0/8 and 4 never drawn; bin 'mixed': 12 prompts drawn once at 4/8; bin
     'fresh': 4 prompts nobody drew."""
     counts = pass_counts(_rollouts({**{f"h{i}": [0] for i in range(8)}, **{f"m{i}": [4] for i in range(12)}}))
     bins = pl.concat([_bins("h", 12, "hard"), _bins("m", 12, "mixed"), _bins("f", 4, "fresh")])
-    return posterior(bins, counts)
+    return posterior(bins, counts, prior=prior)
 
 
-def test_an_all_fail_bin_lends_its_low_pass_rate_to_its_never_drawn_members():
-    post = {r["prompt_id"]: r for r in _failed_and_mixed().to_dicts()}
+@pytest.mark.parametrize("prior", ["pooled", "fitted"])
+def test_an_all_fail_bin_lends_its_low_pass_rate_to_its_never_drawn_members(prior):
+    post = {r["prompt_id"]: r for r in _failed_and_mixed(prior).to_dicts()}
     never, fresh, mixed = post["h11"], post["f0"], post["m0"]
-    # 64 failures shrunk to 4 pseudo-samples on Beta(1, 1): Beta(1, 5), mean 1/6
-    assert (never["alpha"], never["beta"]) == (1.0, 5.0) and (fresh["alpha"], fresh["beta"]) == (1.0, 1.0)
+    assert (fresh["alpha"], fresh["beta"]) == (1.0, 1.0)  # a bin nobody sampled
     pinf = {k: float(p_informative(np.array([r["alpha"]]), np.array([r["beta"]]), G)[0])
             for k, r in (("never", never), ("fresh", fresh), ("mixed", mixed), ("drawn", post["h0"]))}
-    assert pinf["drawn"] < pinf["never"] < pinf["fresh"] < pinf["mixed"]
-    assert pinf["drawn"] < 0.45 and pinf["never"] < 0.62 and pinf["mixed"] > 0.95
+    assert pinf["drawn"] <= pinf["never"] < pinf["fresh"] < pinf["mixed"]
+    if prior == "pooled":  # 64 failures shrunk to 4 pseudo-samples on Beta(1, 1): Beta(1, 5), mean 1/6
+        assert (never["alpha"], never["beta"]) == (1.0, 5.0)
+        assert pinf["drawn"] < 0.45 and pinf["never"] < 0.62 and pinf["mixed"] > 0.95
+    else:  # eight prompts alike at 0/8 spread no wider than binomial noise: the tightest prior, at the bin's 0.5/65
+        assert never["alpha"] / (never["alpha"] + never["beta"]) == pytest.approx(0.5 / 65)
+        assert never["alpha"] + never["beta"] == pytest.approx(1 / RHO_RANGE[0] - 1)
+        assert pinf["never"] < 0.1 and pinf["mixed"] > 0.95
 
 
-def test_the_all_fail_bin_is_drawn_at_the_floor_not_at_its_share():
-    """8 picks from 12 'hard' and 12 'mixed' prompts, over 40 rounds: the hard bin's pool share is 4 a round."""
-    post = _failed_and_mixed().filter(pl.col("bin") != "fresh")
+def _bimodal(n_dead: int, n_solved: int, n_mid: int = 0):
+    """One bin: prompts drawn once at 0/8 (dead), 8/8 (solved) and 4/8; returns its bins and counts."""
+    spec = {**{f"d{i}": [0] for i in range(n_dead)}, **{f"s{i}": [8] for i in range(n_solved)},
+            **{f"m{i}": [4] for i in range(n_mid)}}
+    bins = pl.DataFrame({"prompt_id": [*spec, "new"], "bin": ["b"] * (len(spec) + 1)})
+    return bins, pass_counts(_rollouts(spec))
+
+
+def test_the_fitted_prior_of_an_all_or_nothing_bin_is_u_shaped():
+    """A bin whose prompts are each dead or solved: the fitted prior has under one pseudo-sample, so a new
+    member's two failed screens make a mixed top-up of 6 unlikely; the pooled prior (4 pseudo-samples at the
+    bin's mean) still calls it likely, which is what the evidence runs' posterior top-ups paid for."""
+    bins, counts = _bimodal(12, 8)
+    post = {p: posterior(bins, counts, prior=p).filter(pl.col("prompt_id") == "new").row(0, named=True)
+            for p in ("fitted", "pooled")}
+    fit = post["fitted"]
+    assert fit["alpha"] + fit["beta"] < 1 and fit["alpha"] / (fit["alpha"] + fit["beta"]) == pytest.approx(64.5 / 161)
+    after = {p: float(p_informative(np.array([r["alpha"]]), np.array([r["beta"] + 2]), 6)[0])
+             for p, r in post.items()}  # the posterior after a screen of two failures: P(the next 6 are mixed)
+    assert after["fitted"] < 0.2 < 0.5 < after["pooled"]
+    # a bin of prompts alike at 4/8 takes the strongest prior at its mean: no spread beyond binomial noise
+    bins, counts = _bimodal(0, 0, 10)
+    mid = posterior(bins, counts).filter(pl.col("prompt_id") == "new").row(0, named=True)
+    assert mid["alpha"] + mid["beta"] == pytest.approx(1 / RHO_RANGE[0] - 1) and mid["alpha"] == mid["beta"]
+
+
+def test_the_fitted_prior_recovers_a_beta_binomials_parameters():
+    """400 prompts with pass rates drawn from Beta(2, 6), 8 samples each: the moment fit finds the prior's mean
+    0.25 and its strength 8 (intra-class correlation 1/9) to within sampling error."""
+    rng = np.random.default_rng(0)
+    p = rng.beta(2.0, 6.0, 400)
+    s = rng.binomial(8, p)
+    counts = pl.DataFrame({"prompt_id": [f"q{i}" for i in range(400)], "successes": s, "failures": 8 - s})
+    fit = fitted_priors(pl.DataFrame({"prompt_id": counts["prompt_id"], "bin": ["b"] * 400}), counts).row(0, named=True)
+    assert fit["a"] / (fit["a"] + fit["b"]) == pytest.approx(0.25, abs=0.02)
+    assert 6.0 < fit["a"] + fit["b"] < 10.5
+
+
+def test_a_thin_bin_borrows_the_spread_fitted_over_all_bins():
+    """A bin of two sampled prompts is too few to fit its own spread: it takes the one fitted over all bins."""
+    bins, counts = _bimodal(12, 8)
+    thin = pl.DataFrame({"prompt_id": ["t0", "t1", "t2"], "bin": ["thin"] * 3})
+    more = pl.DataFrame({"prompt_id": ["t0", "t1"], "successes": [0, 8], "failures": [8, 0]})
+    fit = fitted_priors(pl.concat([bins, thin]), pl.concat([counts, more.with_columns(
+        pl.col("successes", "failures").cast(counts["successes"].dtype))]))
+    strength = dict(zip(fit["bin"], (fit["a"] + fit["b"]).to_list()))
+    assert strength["thin"] == pytest.approx(strength["b"], rel=0.2) and strength["thin"] < 1
+
+
+@pytest.mark.parametrize("prior,explores", [("pooled", 1 / 2), ("fitted", 1 / 3)])
+def test_the_all_fail_bin_is_drawn_at_the_floor_not_at_its_share(prior, explores):
+    """8 picks from 12 'hard' and 12 'mixed' prompts, over 40 rounds: the hard bin's pool share is 4 a round.
+    Its floor picks favour the 4 members nobody drew (a third of the bin): under the pooled prior, most picks;
+    under the fitted one, which reads 8 prompts alike at 0/8 as a bin whose members are alike, above their share."""
+    post = _failed_and_mixed(prior).filter(pl.col("bin") != "fresh")
     clusters = np.arange(post.height) % 3  # every cluster mixes both bins
     per_round, never_drawn = [], 0
     for rnd in range(40):
@@ -95,7 +155,7 @@ def test_the_all_fail_bin_is_drawn_at_the_floor_not_at_its_share():
         never_drawn += hard["prompt_id"].is_in(["h8", "h9", "h10", "h11"]).sum()
     assert min(per_round) >= 1  # the floor: 3% of 8 rounds down to 0, and at least one
     assert np.mean(per_round) < 1.3
-    assert never_drawn > sum(per_round) / 2  # the floor mostly explores the members nobody drew yet
+    assert never_drawn > sum(per_round) * explores
 
 
 def test_every_non_empty_bin_gets_its_floor():

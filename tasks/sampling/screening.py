@@ -90,7 +90,8 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
     bins = bins_of(store, set(candidates["prompt_id"].to_list()) | set(history["prompt_id"].to_list()))
     taken = set(chosen)
     rest = [i for i in candidates["prompt_id"].to_list() if i not in taken]
-    prior = posterior(bins, history, PRIOR_STRENGTH)  # before the round generated anything: refills, predictions
+    model = select_cfg.pass_rate_prior
+    prior = posterior(bins, history, PRIOR_STRENGTH, model)  # before the round generated anything: refills, predictions
     before = in_order(prior, rest)
     queue = chosen + refill_order(rest, before["alpha"].to_numpy(), before["beta"].to_numpy(), select_cfg.seed,
                                   ctx.round, g)
@@ -120,7 +121,7 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
             "correct": [v.correct for vs in first_checked for v in vs],
             "augmentation": [a for a, vs in zip(augmentation, first_checked) for _ in vs]},
             schema={"prompt_id": pl.String, "reward": pl.Float64, "correct": pl.Boolean, "augmentation": pl.String})))
-        post = in_order(posterior(bins, summed(history, *screens), PRIOR_STRENGTH), ids)
+        post = in_order(posterior(bins, summed(history, *screens), PRIOR_STRENGTH, model), ids)
         decisions = screen_decisions([has_variance([v.reward for v in vs]) for vs in first_checked],
                                      [all(v.correct for v in vs) for vs in first_checked],
                                      post["alpha"].to_numpy(), post["beta"].to_numpy(), g - ks,

@@ -52,6 +52,7 @@ class Settings(Protocol):
     minibatch_above: int
     dapo_oversample: float
     dapo_max_batches: int
+    pass_rate_prior: str
 
 
 @dataclass(frozen=True)
