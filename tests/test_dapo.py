@@ -46,6 +46,18 @@ def test_zero_variance_groups_are_dropped_and_refilled_until_full():
     assert (out.batches, out.generated, out.short, out.cap_hit, out.exhausted) == (3, 8, 0, False, False)
 
 
+def test_overflow_keeps_every_varied_group_of_the_batch_that_reaches_b():
+    """Screening decides itself which groups it completes: with overflow, the batch that reaches B keeps all its
+    varied groups (none is surplus), and no further batch runs; without it, the ones past B are surplus."""
+    rewards = {i: MIXED for i in range(8)}
+    for overflow, kept, surplus in ((True, 6, 0), (False, 4, 2)):
+        gen, calls = _generator(rewards)
+        out = dynamic_sampling(list(range(8)), batch=4, oversample=1.0, max_batches=10, generate=gen,
+                               rewards=lambda g: g, first_size=6, overflow=overflow)
+        assert calls == [[0, 1, 2, 3, 4, 5]] and len(out.kept) == kept and out.short == 0
+        assert [d.reason for d in out.discarded] == ["surplus"] * surplus
+
+
 def test_refill_is_the_missing_groups_times_the_oversampling_factor():
     assert first_batch_size(48, 3.0) == 144 and first_batch_size(5, 1.5) == 8 and first_batch_size(10, 1.1) == 11
     assert refill_size(48, 40, 3.0) == 24 and refill_size(5, 4, 1.5) == 2

@@ -99,7 +99,7 @@ class Drawn(Generic[T]):
 
 @dataclass
 class DynamicSample(Generic[T]):
-    kept: list[Drawn[T]] = field(default_factory=list)  # at most B varied groups, in queue order
+    kept: list[Drawn[T]] = field(default_factory=list)  # B varied groups at most (unless overflow), in queue order
     discarded: list[Drawn[T]] = field(default_factory=list)
     batches: int = 0  # generation batches run
     batch: int = 0  # B, the batch size asked for
@@ -112,22 +112,25 @@ class DynamicSample(Generic[T]):
 
     @property
     def short(self) -> int:
-        """Groups the batch lacks."""
-        return self.batch - len(self.kept)
+        """Groups the batch lacks (0 once B are kept, or more under `overflow`)."""
+        return max(self.batch - len(self.kept), 0)
 
 
 def dynamic_sampling(queue: Sequence[T], batch: int, oversample: float, max_batches: int,
                      generate: Callable[[list[T], int], Sequence[Any]],
                      rewards: Callable[[Any], Sequence[float]], tol: float = 1e-6,
                      first_size: int | None = None,
-                     verdict: Callable[[Any], str | None] | None = None) -> DynamicSample[T]:
+                     verdict: Callable[[Any], str | None] | None = None,
+                     overflow: bool = False) -> DynamicSample[T]:
     """Generate groups for `queue` in order, batch by batch, until B varied groups are kept, the cap of
     `max_batches` generation batches is reached, or the queue runs out.
 
     `generate(items, k)` returns one group per item for generation batch k; `rewards(group)` its rewards.
     `first_size` overrides the first batch's size (the select stage may have drawn it already). `verdict(group)`,
     when given, says before the variance test why a group cannot be kept (screening: `screened_out`, or
-    `surplus` for a screen left unfinished), or None to judge it by its variance as usual."""
+    `surplus` for a screen left unfinished), or None to judge it by its variance as usual. `overflow` keeps
+    every varied group of the batch that reaches B (screening decides itself how many it completes: a mixed
+    screen's top-up is the cheapest informative group there is); without it the ones past B are `surplus`."""
     if batch < 1:
         raise ValueError(f"dynamic sampling: batch size must be >= 1, got {batch}")
     if oversample < 1:
@@ -155,7 +158,7 @@ def dynamic_sampling(queue: Sequence[T], batch: int, oversample: float, max_batc
             why = verdict(group) if verdict is not None else None
             varied = why is None and has_variance(rewards(group), tol)
             drawn = Drawn(item, group, k, varied)
-            if varied and len(out.kept) < batch:
+            if varied and (overflow or len(out.kept) < batch):
                 out.kept.append(drawn)
             else:
                 drawn.reason = why or (SURPLUS if varied else ZERO_VARIANCE)
