@@ -32,9 +32,10 @@ in its first lines. The page and `--json` (`commits`, `dirty_runs`) name the com
 `heldout_strata`, `eval_token_share`, and per arm under `arms` `pass1_at_budget`, `vs_uniform`,
 `relative_vs_uniform`, `paired_seeds`, `seed_test_p`, `power_seeds_needed`, `informative_ratio`, the area
 under the curve and the matched steps and seconds of its pair with `uniform` (tasks/compare/decide.py).
-benchmarks/evidence_reading.md, where it exists, is a hand-written reading of the figures (which part hurts,
-what changed and why); the page puts it under the generated verdict. It is dated and says which runs it read,
-since the tables regenerate and it does not.
+benchmarks/evidence_reading.md (or `--reading PATH`), where it exists, is a hand-written reading of the figures
+(which part hurts, what changed and why); the page puts it under the generated verdict. It is dated and says
+which runs it read, since the tables regenerate and it does not. Each committed comparison keeps its own
+(`benchmarks/evidence_reading_v1.md` for the old protocol's page).
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="generated-token budgets of the design at which pass@1 is read where every run reached "
                     "them (default %(default)s)")
     ap.add_argument("--out", default=str(REPO / "docs" / "evidence.md"))
+    ap.add_argument("--reading", default=None, metavar="MD", help="the hand-written reading to put under the "
+                    "verdict (default benchmarks/evidence_reading.md; a missing file puts none)")
     ap.add_argument("--config", default=str(CONFIG), help="the shared design (default benchmarks/evidence.toml; the "
                     "committed store's runs were made with benchmarks/evidence_v1.toml)")
     ap.add_argument("--dataset", action="append", default=None, metavar="JSONL",
@@ -115,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--allow-mixed", action="store_true", help="write the page (and run) although its runs come "
                     "from more than one commit or from uncommitted code; the page then says so in its first lines")
     a = ap.parse_args(argv)
+    for flag, path in (("--out", a.out), ("--json", a.json)):
+        if path and Path(path).is_dir():  # checked before any run: the page is written after hours of them
+            print(f"evidence: {flag} {path} is a folder; give the file to write (e.g. {Path(path) / 'evidence.md'})",
+                  file=sys.stderr)
+            return 2
     try:
         return _main(a)
     except ValueError as e:  # a store that does not fit the design, a bad override, a run not evaluated
@@ -209,7 +217,8 @@ def _main(a: argparse.Namespace) -> int:
         "two-way bootstraps over seeds and prompts, differences paired by seed (docs/algorithms.md, "
         "comparison). Wall-clock seconds include the held-out evaluations of earlier checkpoints and whatever "
         "else ran on the machine at the time: read them as rough."])
-    reading = READING.read_text(encoding="utf-8") if READING.exists() else ""
+    reading_file = Path(a.reading) if a.reading else READING
+    reading = reading_file.read_text(encoding="utf-8") if reading_file.exists() else ""
     page = markdown(ev, names, header, design(planned, missing, seeds_text, a.set, Path(a.config),
                                               [Path(d) for d in datasets]), reading)
     out.write_text(page, encoding="utf-8")

@@ -125,6 +125,9 @@ def test_budget_accounting_matches_the_rollouts(compared):
         ledger = scan(store, "generated_tokens").filter(pl.col("run_id").is_in(f.run_ids)).collect()
         assert f.purposes["rollout"] == pytest.approx(ledger.filter(pl.col("purpose") == "rollout")["tokens"].sum()
                                                       / len(f.run_ids))
+        # the first table's rounds and tokens/run: rounds that collected, generated tokens without evaluation
+        assert f.rounds == mine.select("run_id", "round").unique().height / len(f.run_ids)
+        assert f.tokens == pytest.approx(ledger.filter(pl.col("purpose") != "eval")["tokens"].sum() / len(f.run_ids))
     assert next(f for f in ev.arms if f.arm == "uniform").discarded_share == 0
     dapo = next(f for f in ev.arms if f.arm == "dapo_filter")
     assert dapo.discarded_share > 0 and dapo.informative < 1  # its discarded groups count as generated
@@ -492,6 +495,12 @@ def test_the_seed_test_strata_budgets_and_pairs_match_a_direct_computation(miles
     ev = build(store, "ev", planned, ["ext"], design_budgets=[HALF, 10**6])
     budget = ev.budgets["tokens"]
     assert budget == MS_BUDGET  # read at the milestone every run reached
+    for f in ev.arms:  # milestone curves hold the evaluated checkpoints only: rounds and tokens are not read off them
+        ids = f.run_ids
+        collected = scan(store, "rollouts").filter(pl.col("run_id").is_in(ids)).select("run_id", "round").unique()
+        assert f.rounds == collected.collect().height / len(ids)
+        spent = scan(store, "generated_tokens").filter(pl.col("run_id").is_in(ids) & (pl.col("purpose") != "eval"))
+        assert f.tokens == pytest.approx(spent.collect()["tokens"].sum() / len(ids)) and f.tokens >= budget
     runs = {(r.arm, r.seed): r.run_id for r in planned}
     x = {k: _at_milestone(store, run, budget)[1] for k, run in runs.items()}
     d = np.array([x["default", s].mean() - x["uniform", s].mean() for s in (0, 1)])
@@ -647,3 +656,13 @@ def test_the_committed_store_regenerates_the_committed_pages_figures():
     tables = body[body.index("## Tables"):body.index("## Curves")]
     assert verdict in page and tables in page
     assert "| `refinery` | 3 | -0.059, -0.119, -0.127 |" in tables  # the seed-level line of the headline arm
+
+
+def test_a_folder_for_the_page_or_its_json_is_refused_before_any_run(tmp_path, capsys):
+    """The page is written after hours of runs: --out or --json naming a folder is a one-line error at the start."""
+    script = _evidence_script()
+    for flag in ("--out", "--json"):
+        code = script.main(["--store", str(tmp_path / "store"), "--run", flag, str(tmp_path)])
+        err = capsys.readouterr().err
+        assert code == 2 and f"{flag} {tmp_path} is a folder" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "store").exists()

@@ -123,8 +123,11 @@ def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), ba
                                           schema_overrides={"policy_version": heldout["policy_version"].dtype}),
                              on=["run_id", "policy_version"])
         fig = ArmFigures(
-            arm=a, run_ids=ids, seeds=seeds, rounds=float(np.mean([len(c.versions) - 1 for c in mine])),
-            tokens=float(np.mean([c.last("tokens") for c in mine])), at=at, diff=diff, last=last,
+            # rounds that collected, and generated tokens without evaluation: under milestone evaluation a
+            # curve holds the evaluated checkpoints only, stamped with their milestone, so neither is read off it
+            arm=a, run_ids=ids, seeds=seeds, rounds=float(g["rounds"].sum()) / len(ids),
+            tokens=float(spent.filter(pl.col("purpose") != "eval")["tokens"].sum()) / len(ids), at=at, diff=diff,
+            last=last,
             purposes=purposes,
             informative=float(g["informative_groups"].sum() / max(1, g["kept_groups"].sum() + g["discarded_groups"].sum())),
             discarded_share=float(d["discarded"].sum() / max(1, d["kept"].sum() + d["discarded"].sum())),
