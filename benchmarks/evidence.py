@@ -198,6 +198,11 @@ def _main(a: argparse.Namespace) -> int:
     for name, fig in plots(ev).items():
         fig.savefig(figures / f"{name}.png")
     how = (f" --arms {a.arms} --seeds {a.seeds}" if a.arms else "") + "".join(f" --confirm {c}" for c in a.confirm)
+    how += "".join(f" --set '{x}'" for x in a.set)
+    if Path(a.config).resolve() != CONFIG.resolve():
+        how += f" --config {Path(a.config).resolve().relative_to(REPO) if Path(a.config).resolve().is_relative_to(REPO) else a.config}"
+    if a.reading:
+        how += f" --reading {a.reading}"
     header = "\n".join([
         "# Evidence: the refined curriculum against uniform GRPO at equal generated tokens", "",
         *([f"**Warning, {mixed}**: the arms may differ by code as well as by design; read every difference "
@@ -220,7 +225,7 @@ def _main(a: argparse.Namespace) -> int:
     reading_file = Path(a.reading) if a.reading else READING
     reading = reading_file.read_text(encoding="utf-8") if reading_file.exists() else ""
     page = markdown(ev, names, header, design(planned, missing, seeds_text, a.set, Path(a.config),
-                                              [Path(d) for d in datasets]), reading)
+                                              [Path(d) for d in datasets]), reading, figures=out.stem)
     out.write_text(page, encoding="utf-8")
     print(f"evidence: wrote {out} and its plots in {figures}")
     if a.json:

@@ -269,9 +269,11 @@ def tables(ev: Evidence, datasets: list[str]) -> str:
     return "\n".join(lines)
 
 
-def markdown(ev: Evidence, datasets: list[str], header: str, design: str, notes: str = "") -> str:
+def markdown(ev: Evidence, datasets: list[str], header: str, design: str, notes: str = "",
+             figures: str = "evidence") -> str:
     """The whole page: `header` and `design` come from the caller (machine, commit, config), the rest from ev;
-    `notes` (a hand-written reading of the figures, with its own heading) follows the verdict."""
+    `notes` (a hand-written reading of the figures, with its own heading) follows the verdict; `figures` is the
+    plots' folder beside the page (the page's name without .md)."""
     goal = "refinery" if any(f.arm == "refinery" for f in ev.arms) else "default"  # issue 50 judges `default`
     parts = [header, "", "## Result against the goal", "",
              *(verdict(ev, goal) or ["(no `refinery` or `default` arm in this comparison)"]),
@@ -284,7 +286,7 @@ def markdown(ev: Evidence, datasets: list[str], header: str, design: str, notes:
         parts += ["### Ablations: each one-part-off arm minus `refinery` at the matched token budget (paired seeds)", "",
                   "| arm | paired seeds | difference | reading |", "|---|---|---|---|", *abl, ""]
     parts += ["## Cost of this comparison", "", *cost_lines(ev), ""]
-    parts += ["## Curves", ""] + [f"![held-out pass@1 against {label}](evidence/pass1_vs_{axis}.png)" for axis, label in AXES.items()]
+    parts += ["## Curves", ""] + [f"![held-out pass@1 against {label}]({figures}/pass1_vs_{axis}.png)" for axis, label in AXES.items()]
     parts += ["", design, ""]
     parts += [sql_section(ev.prefix, datasets, next(iter(ev.curves), None)), ""]
     return "\n".join(parts)
