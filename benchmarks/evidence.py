@@ -123,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"evidence: {flag} {path} is a folder; give the file to write (e.g. {Path(path) / 'evidence.md'})",
                   file=sys.stderr)
             return 2
+    if a.reading and not Path(a.reading).is_file():
+        print(f"evidence: --reading {a.reading} is not a file (the hand-written reading to put on the page)",
+              file=sys.stderr)
+        return 2
     try:
         return _main(a)
     except ValueError as e:  # a store that does not fit the design, a bad override, a run not evaluated

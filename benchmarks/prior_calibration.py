@@ -2,7 +2,7 @@
 
 Method: every round r >= 1 of every run whose groups are whole (no screening: uniform's, G samples at once) is
 replayed. The model sees the run's groups before round r (tasks/core/passrate.py `pass_counts`, the bins of
-`bins_of`), as the screening collect does; each of round r's groups is read with its first k_s samples as a
+`bins_of`); each of round r's groups is read with its first k_s samples as a
 screen. For each prior (`pooled`, `fitted`) it prints:
 - the unanimous screens' predicted probability that the remaining G - k_s samples are mixed against how many
   were (calibration by decile, log loss): what a posterior top-up pays for;
@@ -10,8 +10,12 @@ screen. For each prior (`pooled`, `fitted`) it prints:
 - simulated samples per informative group of the screening rule (screen k_s, top up mixed screens and unanimous
   ones at P >= threshold), optionally skipping candidates whose predicted P(informative group) is below a cut,
   against the named baseline: the same groups generated whole (uniform).
-The replay is offline (no model runs) and exact for the groups the store holds; it does not model the policy
-changing with what it trains on, so it is a measure of prediction, not of a curriculum.
+The replay is offline (no model runs) and exact for the groups the store holds, but an idealised screening:
+each decision uses the posterior from before the round (the collect refits it with every screen of the round
+so far), the round's cap on posterior top-ups and the batch size B are not applied, and a screen's passes are
+rewards of 1.0 where the model's counts use `correct` (the same on reasoning-gym, whose rewards pass only at
+1.0). It does not model the policy changing with what it trains on: a measure of prediction, not of a
+curriculum.
 
     python benchmarks/prior_calibration.py --store benchmarks/evidence-v2/store --runs 'ev-uniform-%' --json F
 """

@@ -89,9 +89,12 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                 break
             first = len(stages)
             # on resume, a round whose train stage landed loads its policy no more (evaluate reads the next one),
-            # and keep_checkpoints = evaluated may have deleted its folder
-            trained = config.train.enabled and store.landed(config.run_id, r, "train")
-            version, spec = policy_for_round(store, config.run_id, r, base, need_weights=not trained)
+            # and keep_checkpoints = evaluated may have deleted its folder; refine may still be pending (a resume
+            # that raised `rounds` gives the old last round one) and may ask the policy as its teacher
+            refining = bool(config.refine.strategies) and r + 1 < config.rounds
+            done = (config.train.enabled and store.landed(config.run_id, r, "train")
+                    and not (refining and not store.landed(config.run_id, r, "refine")))
+            version, spec = policy_for_round(store, config.run_id, r, base, need_weights=not done)
             ctx = RoundContext(store=store.uri, run_id=config.run_id, round=r, policy_version=version, base=base,
                                rounds=config.rounds, model=config.model.model_copy(update={"policy": spec}),
                                scale=config.scale, token_budget=config.max_generated_tokens, tokens_spent=spent)

@@ -29,14 +29,15 @@ def _runs(store: Store, table: str, run_id: str, before: int) -> pl.LazyFrame:
 
 
 def posterior_topups(store: Store, run_id: str, before: int, screen_samples: int,
-                     screened_rounds: set[int]) -> tuple[dict[int, float], dict[int, int]]:
-    """({round: rows of kept groups topped up on the posterior's word}, {round: their top-up tokens}) over the
-    screened rounds before `before`. A group topped up on the posterior's word is one whose screen (samples
+                     screened_rounds: set[int]) -> tuple[dict[int, float], dict[int, int], pl.DataFrame]:
+    """({round: rows of kept groups topped up on the posterior's word}, {round: their top-up tokens}, and those
+    kept groups' (round, prompt_id)) over the screened rounds before `before`. A group topped up on the posterior's word is one whose screen (samples
     0..k_s-1) was unanimous: kept in `rollouts` when the top-up made it mixed, else in `discarded_rollouts` as
     `zero_variance` (a mixed screen never is). Its cost is its top-up samples' tokens (the screen was spent
     either way)."""
+    none = pl.DataFrame(schema={"round": pl.Int32, "prompt_id": pl.String})
     if screen_samples <= 0 or not screened_rounds:
-        return {}, {}
+        return {}, {}, none
     in_rounds = pl.col("round").is_in(sorted(screened_rounds))
     kept = _runs(store, "rollouts", run_id, before).filter(in_rounds).select(
         "round", "prompt_id", "sample_idx", "reward", "n_tokens").collect()
@@ -52,7 +53,8 @@ def posterior_topups(store: Store, run_id: str, before: int, screen_samples: int
               .filter(pl.col("unanimous")))
     rows = groups.filter(pl.col("kept")).group_by("round").agg(pl.col("rows").sum())
     cost = groups.group_by("round").agg(pl.col("topup_tokens").sum())
-    return dict(rows.iter_rows()), dict(cost.iter_rows())
+    kept = groups.filter(pl.col("kept")).select(pl.col("round").cast(pl.Int32), "prompt_id")
+    return dict(rows.iter_rows()), dict(cost.iter_rows()), kept
 
 
 def measures(store: Store, run_id: str, before: int, screen_samples: int = 0) -> dict[str, dict[int, Measure]]:
@@ -67,8 +69,9 @@ def measures(store: Store, run_id: str, before: int, screen_samples: int = 0) ->
             t = t.filter(pl.col("purpose").is_in(purposes))
         return dict(t.group_by("round").agg(pl.col("tokens").sum()).iter_rows())
 
-    informative = dict(_runs(store, "prompt_scores", run_id, before).filter(pl.col("bucket") == "informative")
-                       .group_by("round").agg(pl.col("n").sum()).collect().iter_rows())
+    scored = (_runs(store, "prompt_scores", run_id, before).filter(pl.col("bucket") == "informative")
+              .select(pl.col("round").cast(pl.Int32), "prompt_id", "n").collect())
+    informative = dict(scored.group_by("round").agg(pl.col("n").sum()).iter_rows())
     replaced = pl.col("augmentation").str.json_path_match("$.lorem_perturb.replaced") == "true"
     rescued = dict(_runs(store, "rollouts", run_id, before).group_by("round", "prompt_id")
                    .agg(rows=pl.len(), rescued=replaced.fill_null(False).any()).filter(pl.col("rescued"))
@@ -78,12 +81,16 @@ def measures(store: Store, run_id: str, before: int, screen_samples: int = 0) ->
     accepted = dict(_runs(store, "refinements", run_id, before).filter(pl.col("accepted"))
                     .group_by("round").len().collect().iter_rows())
     screened = {r for r, t in spent("collect", ("screen",)).items() if t > 0}
-    topup_rows, topup_cost = posterior_topups(store, run_id, before, screen_samples, screened)
+    topup_rows, topup_cost, topped = posterior_topups(store, run_id, before, screen_samples, screened)
+    # the baseline gives back only the top-ups it counted: those scored informative (utility.tau may leave
+    # a mixed group out of the bucket)
+    topped_informative = dict(scored.join(topped, on=["round", "prompt_id"], how="semi")
+                              .group_by("round").agg(pl.col("n").sum()).iter_rows())
     # the baseline pays for every collect token that made its groups: screening samples (`screen`) and the top-ups
     # of mixed screens; the posterior's top-ups are the `topup` component's, so they leave the baseline (rows
     # and tokens), or the component would be measured against itself
     baseline = spent("collect", ("rollout", "screen"))
-    base_rows = {r: informative.get(r, 0) - topup_rows.get(r, 0) for r in range(before)}
+    base_rows = {r: informative.get(r, 0) - topped_informative.get(r, 0) for r in range(before)}
     base_cost = {r: baseline.get(r, 0) - topup_cost.get(r, 0) for r in range(before)}
     rows = {"rollout": base_rows, "lope": rescued, "shape": shaped, "refine": accepted, "topup": topup_rows}
     cost = {"rollout": base_cost, **{c: spent(*STAGE_OF[c]) for c in STAGE_OF}, "topup": topup_cost}

@@ -126,7 +126,8 @@ def test_budget_accounting_matches_the_rollouts(compared):
         assert f.purposes["rollout"] == pytest.approx(ledger.filter(pl.col("purpose") == "rollout")["tokens"].sum()
                                                       / len(f.run_ids))
         # the first table's rounds and tokens/run: rounds that collected, generated tokens without evaluation
-        assert f.rounds == mine.select("run_id", "round").unique().height / len(f.run_ids)
+        collected = ledger.filter(pl.col("stage") == "collect").select("run_id", "round").unique().height
+        assert f.rounds == collected / len(f.run_ids)
         assert f.tokens == pytest.approx(ledger.filter(pl.col("purpose") != "eval")["tokens"].sum() / len(f.run_ids))
     assert next(f for f in ev.arms if f.arm == "uniform").discarded_share == 0
     dapo = next(f for f in ev.arms if f.arm == "dapo_filter")
@@ -497,7 +498,8 @@ def test_the_seed_test_strata_budgets_and_pairs_match_a_direct_computation(miles
     assert budget == MS_BUDGET  # read at the milestone every run reached
     for f in ev.arms:  # milestone curves hold the evaluated checkpoints only: rounds and tokens are not read off them
         ids = f.run_ids
-        collected = scan(store, "rollouts").filter(pl.col("run_id").is_in(ids)).select("run_id", "round").unique()
+        collected = (scan(store, "generated_tokens").filter(pl.col("run_id").is_in(ids) & (pl.col("stage") == "collect"))
+                     .select("run_id", "round").unique())
         assert f.rounds == collected.collect().height / len(ids)
         spent = scan(store, "generated_tokens").filter(pl.col("run_id").is_in(ids) & (pl.col("purpose") != "eval"))
         assert f.tokens == pytest.approx(spent.collect()["tokens"].sum() / len(ids)) and f.tokens >= budget

@@ -128,6 +128,23 @@ def test_the_fitted_prior_recovers_a_beta_binomials_parameters():
     assert 6.0 < fit["a"] + fit["b"] < 10.5
 
 
+def test_the_pooled_spread_is_unbiased_over_many_thin_bins():
+    """300 bins of two prompts (8 samples each, pass rates from Beta(0.5, 0.5): ρ = 1/2) and 200 bins of one:
+    the spread pooled over them recovers ρ, so a thin bin's prior has about 1 pseudo-sample. Dividing by
+    Σ(n_i − 1), with the bin mean fitted from the same samples and one-prompt bins counted, said ρ ≈ 0.2."""
+    rng = np.random.default_rng(1)
+    ids, bins_, s = [], [], []
+    for b in range(500):
+        for j in range(2 if b < 300 else 1):
+            ids.append(f"p{b}-{j}")
+            bins_.append(f"b{b}")
+            s.append(int(rng.binomial(8, rng.beta(0.5, 0.5))))
+    counts = pl.DataFrame({"prompt_id": ids, "successes": s, "failures": [8 - x for x in s]})
+    fit = fitted_priors(pl.DataFrame({"prompt_id": ids, "bin": bins_}), counts)
+    strength = fit["a"] + fit["b"]
+    assert strength.n_unique() == 1 and 0.6 < strength[0] < 1.6
+
+
 def test_a_thin_bin_borrows_the_spread_fitted_over_all_bins():
     """A bin of two sampled prompts is too few to fit its own spread: it takes the one fitted over all bins."""
     bins, counts = _bimodal(12, 8)

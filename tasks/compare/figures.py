@@ -81,12 +81,15 @@ GROUPS = """
 WITH kept AS (SELECT run_id, round, prompt_id, stddev_pop(reward) > 1e-6 AS informative FROM rollouts
               WHERE starts_with(run_id, '{prefix}') GROUP BY ALL),
      dropped AS (SELECT run_id, count(DISTINCT (round, gen_batch, prompt_id)) AS groups FROM discarded_rollouts
-                 WHERE starts_with(run_id, '{prefix}') GROUP BY ALL)
-SELECT k.run_id, count(DISTINCT k.round) AS rounds, count(*) AS kept_groups,
+                 WHERE starts_with(run_id, '{prefix}') GROUP BY ALL),
+     collected AS (SELECT run_id, count(DISTINCT round) AS rounds FROM generated_tokens
+                   WHERE starts_with(run_id, '{prefix}') AND stage = 'collect' GROUP BY ALL)
+SELECT k.run_id, coalesce(any_value(c.rounds), 0) AS rounds, count(*) AS kept_groups,
        coalesce(any_value(d.groups), 0) AS discarded_groups,
        sum(CASE WHEN k.informative THEN 1 ELSE 0 END) AS informative_groups,
        sum(CASE WHEN k.informative THEN 1 ELSE 0 END) / (count(*) + coalesce(any_value(d.groups), 0)) AS informative
-FROM kept k LEFT JOIN dropped d USING (run_id) GROUP BY k.run_id ORDER BY k.run_id
+FROM kept k LEFT JOIN dropped d USING (run_id) LEFT JOIN collected c USING (run_id) GROUP BY k.run_id
+ORDER BY k.run_id
 """.strip()
 
 DISCARDED = """

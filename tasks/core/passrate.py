@@ -21,14 +21,15 @@ The method, at zero generated-token cost:
   - `fitted` (the default): empirical Bayes. A bin's prompts are a beta-binomial sample: the prior's mean is the
     bin's pass rate m_b = (S_b + ½)/(n_b + 1), and its strength a_b + b_b = 1/ρ_b − 1 comes from ρ_b, the
     intra-class correlation fitted by moments from how far the prompts' own rates spread beyond binomial noise
-    (`_overdispersion`), bounded to RHO_RANGE. Prompts that are each all-or-nothing (a bin holding 2 + 2 and
-    47 + 38) give ρ near 1, a U-shaped prior of under one pseudo-sample: a unanimous screen then moves a
-    prompt's posterior to its end, as the data does. A bin of fewer than MIN_FIT_PROMPTS sampled prompts takes
-    ρ fitted over all bins (every bin's moments pooled). Measured on the evidence store's uniform runs (issue
-    50, 2,256 groups of 8, the first two samples read as a screen): after a unanimous screen the `pooled`
-    prior predicted a mixed top-up 74% of the time where 26% came out mixed (log loss 1.15); `fitted`
-    predicted 38% (log loss 0.61), and its prediction of a mixed screen before generating went from log loss
-    0.53 to 0.44.
+    (`_overdispersion`, unbiased for a weighted mean), bounded to RHO_RANGE. Prompts that are each
+    all-or-nothing (a bin holding 2 + 2 and 47 + 38) give ρ near 1, a U-shaped prior of under one
+    pseudo-sample: a unanimous screen then moves a prompt's posterior to its end, as the data does. A bin of
+    fewer than MIN_FIT_PROMPTS sampled prompts (or under MIN_FIT_DOF degrees of freedom) takes ρ fitted over
+    all bins (every bin's moments pooled). Measured on the evidence store's uniform runs (issue 50, 2,256
+    groups of 8, the first two samples read as a screen; benchmarks/prior_calibration.py): after a unanimous
+    screen the `pooled` prior predicted a mixed top-up 74% of the time where 26% came out mixed (log loss
+    1.15); `fitted` predicted 38% (log loss 0.61), and its prediction of a mixed screen before
+    generating went from log loss 0.53 to 0.44.
   - `pooled` (runs stored before `fitted`): bin b pools its members' counts S_b, F_b and shrinks them to at
     most m pseudo-samples (`strength`, 4) on a Beta(1, 1) floor: a_b = 1 + S_b·min(1, m/n_b), b_b likewise.
     Its strength is the same for every bin, so it cannot say that a bin's prompts are all-or-nothing.
@@ -126,10 +127,15 @@ MIN_FIT_PROMPTS = 5  # a bin with fewer sampled prompts takes the overdispersion
 
 
 def _overdispersion(n: pl.Expr, s: pl.Expr, mean: pl.Expr) -> tuple[pl.Expr, pl.Expr]:
-    """The method-of-moments parts of a beta-binomial's intra-class correlation ρ = 1/(α+β+1), summed over
-    prompts: Σ n_i (s_i/n_i − m)² / (m(1−m)) − (k − 1) over Σ (n_i − 1) (its expectation is ρ)."""
+    """The method-of-moments parts of a beta-binomial's intra-class correlation ρ = 1/(α+β+1) over one bin's
+    k prompts (N = Σ n_i samples): Q = Σ n_i (s_i/n_i − m)² / (m(1−m)) − (k − 1) over
+    D = N − Σ n_i²/N − (k − 1). With m the bin's own mean, E[Q] = ρ·D (the ANOVA identity for a weighted mean:
+    D is (k − 1)(n − 1) at equal n, and 0 for a bin of one prompt, which says nothing of the spread)."""
     spread = (n * (s / n - mean) ** 2 / (mean * (1 - mean))).sum() - (pl.len() - 1)
-    return spread, (n - 1).sum()
+    return spread, n.sum() - (n ** 2).sum() / n.sum() - (pl.len() - 1)
+
+
+MIN_FIT_DOF = 4.0  # a bin whose moments have fewer degrees of freedom than this takes the pooled ρ as well
 
 
 def fitted_priors(bins: pl.DataFrame, counts: pl.DataFrame) -> pl.DataFrame:
@@ -144,10 +150,11 @@ def fitted_priors(bins: pl.DataFrame, counts: pl.DataFrame) -> pl.DataFrame:
     seen = seen.with_columns(m=mean)
     spread, dof = _overdispersion(pl.col("n"), pl.col("successes"), pl.col("m"))
     per_bin = seen.group_by("bin").agg(m=pl.col("m").first(), k=pl.len(), spread=spread, dof=dof)
-    total_dof = per_bin["dof"].sum()
+    spread_out = per_bin.filter(pl.col("dof") > 0)  # a one-prompt bin adds nothing to either sum
+    total_dof = spread_out["dof"].sum()
     lo, hi = RHO_RANGE
-    pooled = float(np.clip(per_bin["spread"].sum() / total_dof, lo, hi)) if total_dof > 0 else 0.5
-    rho = (pl.when((pl.col("k") >= MIN_FIT_PROMPTS) & (pl.col("dof") > 0))
+    pooled = float(np.clip(spread_out["spread"].sum() / total_dof, lo, hi)) if total_dof > 0 else 0.5
+    rho = (pl.when((pl.col("k") >= MIN_FIT_PROMPTS) & (pl.col("dof") >= MIN_FIT_DOF))
            .then((pl.col("spread") / pl.col("dof")).clip(lo, hi)).otherwise(pooled))
     strength = 1.0 / rho - 1.0
     return per_bin.select("bin", a=pl.col("m") * strength, b=(1 - pl.col("m")) * strength)

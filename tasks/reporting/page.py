@@ -61,6 +61,18 @@ _QUERIES = {
 }
 
 
+def screened_samples(config: dict) -> int:
+    """k_s of a run that screened (tasks/sampling/screening.py `screening_applies`), else 0: a stored config
+    without the field predates screening, and dapo_filter and `all` generate whole groups whatever it says."""
+    from tasks.selectors import REGISTRY
+
+    rollout, select = config.get("rollout", {}), config.get("select", {})
+    ks, g = int(rollout.get("screen_samples", 0)), int(rollout.get("group_size", 8))
+    chosen = REGISTRY.get(select.get("selector", "kmeans"))
+    whole = chosen is None or chosen.generates or chosen.whole_pool
+    return ks if 0 < ks < g and not whole else 0
+
+
 def run_frames(store: Store, run_id: str, round: int | None = None) -> dict[str, pl.DataFrame]:
     """The rows a report or a round's artifacts are drawn from. Raises ValueError if the run is unknown."""
     con = connect(store)
@@ -71,8 +83,7 @@ def run_frames(store: Store, run_id: str, round: int | None = None) -> dict[str,
         if round is not None:
             where, params = where + " AND round = $round", {**params, "round": round}
         out = {name: con.sql(q.format(w=where), params=params).pl() for name, q in _QUERIES.items()}
-        config = stored_config(store, run_id) or {}
-        screen = int(config.get("rollout", {}).get("screen_samples", 0))  # absent: a run from before screening
+        screen = screened_samples(stored_config(store, run_id) or {})
         out["calibration"] = calibration_frame(out.pop("predictions"), out.pop("samples"), screen)
         out["runs"] = con.sql("SELECT status, created_at FROM runs WHERE run_id = $run ORDER BY created_at",
                               params={"run": run_id}).pl()
