@@ -41,7 +41,7 @@ from tasks.collect import collect_task
 from tasks.evaluate import due, evaluate_task
 from tasks.govern import govern_task, held_sections
 from tasks.pool import pool_task
-from tasks.refine import refine_task
+from tasks.refine import asks_the_policy, refine_task
 from tasks.report import publish_round_artifacts, report_task
 from tasks.reporting.budget import spent_tokens
 from tasks.score import score_task
@@ -89,11 +89,12 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                 break
             first = len(stages)
             # on resume, a round whose train stage landed loads its policy no more (evaluate reads the next one),
-            # and keep_checkpoints = evaluated may have deleted its folder; refine may still be pending (a resume
-            # that raised `rounds` gives the old last round one) and may ask the policy as its teacher
-            refining = bool(config.refine.strategies) and r + 1 < config.rounds
+            # and keep_checkpoints = evaluated may have deleted its folder; only a pending refine (a resume that
+            # raised `rounds` gives the old last round one) whose teacher is the policy still loads it
+            teaching = (bool(config.refine.strategies) and r + 1 < config.rounds
+                        and asks_the_policy(config.refine, config.teacher))
             done = (config.train.enabled and store.landed(config.run_id, r, "train")
-                    and not (refining and not store.landed(config.run_id, r, "refine")))
+                    and not (teaching and not store.landed(config.run_id, r, "refine")))
             version, spec = policy_for_round(store, config.run_id, r, base, need_weights=not done)
             ctx = RoundContext(store=store.uri, run_id=config.run_id, round=r, policy_version=version, base=base,
                                rounds=config.rounds, model=config.model.model_copy(update={"policy": spec}),

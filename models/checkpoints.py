@@ -11,8 +11,10 @@ so any host can continue the run: `local_copy` fetches a recorded remote folder 
 Which checkpoints a run has, and its newest, are store bookkeeping: storage/checkpoints.py.
 
 Retention (`train.keep_checkpoints = "evaluated"`, `prune_checkpoints`): after each round the flow deletes the
-folders of the run's versions that are neither its newest nor evaluated (any `evals` row: a milestone, the run's
-end, a `refinery eval`); version 0 is the base model and never touched. Only a folder this store keeps for this
+folders of the run's versions that are neither its newest two nor evaluated (any `evals` row: a milestone, the
+run's end, a `refinery eval`); version 0 is the base model and never touched. The one before the newest is the
+policy that sampled the last round: a resume that raises `rounds` runs that round's refine, whose teacher is by
+default the policy. Only a folder this store keeps for this
 run (`_checkpoints/run_id=<run>/v<N>`, locally or under a remote root, and its local cache copy) is ever deleted:
 a recorded path is data, and a row naming any other folder is skipped. The `checkpoints` rows stay, so lineage
 and the curves still name every version; `refinery eval` of a pruned version says it was pruned.
@@ -142,19 +144,22 @@ def checkpoint_gone(store: Store, path: str) -> bool:
 
 
 def prune_checkpoints(store: Store, run_id: str) -> list[int]:
-    """Delete the folders of `run_id`'s checkpoints that are neither its newest version nor evaluated (module
-    docstring); returns the versions deleted now (a folder already gone is not counted)."""
+    """Delete the folders of `run_id`'s checkpoints that are neither its newest two versions nor evaluated
+    (module docstring); returns the versions deleted now (a folder already gone is not counted)."""
     known = checkpoint_versions(store, run_id)
     if known.height == 0:
         return []
-    newest = int(known["policy_version"].max())
+    versions = sorted(int(v) for v in known["policy_version"].unique())
+    newest = versions[-1]
+    last_sampler = versions[-2] if len(versions) > 1 else 0  # the policy of the newest round (module docstring)
     evaluated = set(scan(store, "evals").filter(pl.col("run_id") == run_id).select("policy_version").unique()
                     .collect()["policy_version"].to_list())
     # a round that trained nothing records its version at its parent's folder: a folder kept by any kept version
-    kept = {str(p) for v, p in known.select("policy_version", "path").iter_rows() if v in (0, newest) or v in evaluated}
+    keep = {0, newest, last_sampler} | evaluated
+    kept = {str(p) for v, p in known.select("policy_version", "path").iter_rows() if v in keep}
     gone = []
     for version, path in known.select("policy_version", "path").iter_rows():
-        if version in (0, newest) or version in evaluated or str(path) in kept or not own_folder(store, run_id, version, path):
+        if version in keep or str(path) in kept or not own_folder(store, run_id, version, path):
             continue
         cached = checkpoint_dir(store, run_id, version)
         if store.local:

@@ -241,8 +241,7 @@ def refine_task(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher_cfg:
     enabled strategy asks one, and the run's base policy as the rewrite gate's reference model (only if a
     rewrite gets that far)."""
     self_taught = "teacher_scaffold" in cfg.strategies and not cfg.scaffolds_run(teacher_cfg)
-    if self_taught:  # skipped until a teacher other than the policy is set
-        cfg = cfg.model_copy(update={"strategies": [s for s in cfg.strategies if s != "teacher_scaffold"]})
+    cfg = running(cfg, teacher_cfg)
     wanted = any(strategy(name).wants_teacher(cfg) for name in cfg.strategies)
     teacher = load_teacher(teacher_cfg.model, ctx.model, teacher_cfg) if wanted else None
     reference = ctx.model.model_copy(update={"policy": reference_policy(store, ctx.run_id, ctx.policy),
@@ -257,6 +256,21 @@ def refine_task(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher_cfg:
 def reference_logprobs(reference: ModelConfig, texts: list[str]) -> list[float]:
     """Mean token log-probs of `texts` under the reference model, loaded on first use."""
     return mean_logprobs(load_model(reference), texts)
+
+
+def running(cfg: RefineConfig, teacher_cfg: TeacherConfig) -> RefineConfig:
+    """`cfg` with the strategies the stage runs: teacher_scaffold is skipped until a teacher other than the
+    policy is set (or refine.scaffolds_from_policy)."""
+    if "teacher_scaffold" in cfg.strategies and not cfg.scaffolds_run(teacher_cfg):
+        return cfg.model_copy(update={"strategies": [s for s in cfg.strategies if s != "teacher_scaffold"]})
+    return cfg
+
+
+def asks_the_policy(cfg: RefineConfig, teacher_cfg: TeacherConfig) -> bool:
+    """Does the stage load the round's policy weights (a strategy that wants the teacher, and the teacher is the
+    policy)? The gate's reference model is the base policy, never pruned."""
+    cfg = running(cfg, teacher_cfg)
+    return teacher_cfg.model == "policy" and any(strategy(n).wants_teacher(cfg) for n in cfg.strategies)
 
 
 def reference_policy(store: Store, run_id: str, round_policy: str) -> str:

@@ -1,5 +1,5 @@
 """Checkpoint retention (`train.keep_checkpoints`, models/checkpoints.py `prune_checkpoints`): a run that keeps only
-its evaluated checkpoints deletes the other folders after each round, never the newest or an evaluated one; the
+its evaluated checkpoints deletes the other folders after each round, never the newest two or an evaluated one; the
 rows stay; `refinery eval` of a pruned version says so in one line; a row naming a folder that is not the store's
 own checkpoint of that run is never deleted; the default keeps everything."""
 
@@ -27,20 +27,21 @@ def _folders(store: Store, run: str) -> list[int]:
                   if p.name.startswith("v"))
 
 
-def test_only_the_newest_and_the_evaluated_checkpoints_stay(prefect_api, tmp_path):
+def test_only_the_newest_two_and_the_evaluated_checkpoints_stay(prefect_api, tmp_path):
     store = Store(tmp_path / "store")
     curriculum(load_config(sets=[*SETS, "train.keep_checkpoints=evaluated"], run_id="lean", store=store.root,
-                           rounds=2))
-    curriculum(load_config(sets=SETS, run_id="all", store=store.root, rounds=2))
+                           rounds=3))
+    curriculum(load_config(sets=SETS, run_id="all", store=store.root, rounds=3))
     evaluated = {r["policy_version"] for r in q(store, "SELECT DISTINCT policy_version FROM evals WHERE run_id = 'lean'")}
-    assert evaluated == {0, 2}
-    assert _folders(store, "lean") == [2] and _folders(store, "all") == [1, 2]
+    assert evaluated == {0, 3}
+    # v2 sampled the last round: a resume that raises `rounds` refines it with v2 as the teacher
+    assert _folders(store, "lean") == [2, 3] and _folders(store, "all") == [1, 2, 3]
     rows = q(store, "SELECT policy_version FROM checkpoints WHERE run_id = 'lean' ORDER BY policy_version")
-    assert [r["policy_version"] for r in rows] == [0, 1, 2]  # the rows stay: lineage names every version
+    assert [r["policy_version"] for r in rows] == [0, 1, 2, 3]  # the rows stay: lineage names every version
     with pytest.raises(ValueError, match=r"^run lean's checkpoint 1 was pruned \(train.keep_checkpoints") as e:
         eval_target(store, "lean", 1, None, None)
     assert "\n" not in str(e.value)
-    assert eval_target(store, "lean", 2, None, None).checkpoint_row["policy_version"] == 2
+    assert eval_target(store, "lean", 3, None, None).checkpoint_row["policy_version"] == 3
     assert prune_checkpoints(store, "lean") == []  # nothing left to prune: it is idempotent
 
 
@@ -49,13 +50,13 @@ def test_a_pruned_run_resumes_past_its_deleted_checkpoints(prefect_api, tmp_path
     the resume goes on from the newest checkpoint (it failed on v1's missing folder before)."""
     store = Store(tmp_path / "store")
     sets = [*SETS, "train.keep_checkpoints=evaluated"]
-    curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=2))
-    assert _folders(store, "lean") == [2]
-    out = curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=3))
+    curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=3))
+    assert _folders(store, "lean") == [2, 3]
+    out = curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=4))
     assert out["started_as"] == "resumed"
     evaluated = {r["policy_version"] for r in q(store, "SELECT DISTINCT policy_version FROM evals WHERE run_id = 'lean'")}
-    assert evaluated == {0, 2, 3}
-    assert _folders(store, "lean") == [2, 3]
+    assert evaluated == {0, 3, 4}
+    assert _folders(store, "lean") == [3, 4]
 
 
 def test_a_row_naming_another_folder_is_never_deleted(store, tmp_path):

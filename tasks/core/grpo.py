@@ -50,8 +50,8 @@ class TrainConfig(Section):
     mode: Literal["full", "lora"] = Field("full", description="full fine-tune, or LoRA adapters (merged on save)")
     keep_checkpoints: Literal["all", "evaluated"] = Field(
         "all", description="all: every round's checkpoint stays on disk; evaluated: after each round, only the "
-        "newest and the evaluated versions (milestones, the run's end, `refinery eval`) stay, the others' folders "
-        "are deleted (models/checkpoints.py `prune_checkpoints`: a 135M policy is 0.5 GB per round in fp32)")
+        "newest two and the evaluated versions (milestones, the run's end, `refinery eval`) stay, the others' "
+        "folders are deleted (models/checkpoints.py `prune_checkpoints`: a 135M policy is 0.5 GB per round in fp32)")
     lr: float = Field(1e-5, gt=0.0, le=1.0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay")
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="clip range below 1")
