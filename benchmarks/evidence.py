@@ -203,8 +203,9 @@ def _main(a: argparse.Namespace) -> int:
         fig.savefig(figures / f"{name}.png")
     how = (f" --arms {a.arms} --seeds {a.seeds}" if a.arms else "") + "".join(f" --confirm {c}" for c in a.confirm)
     how += "".join(f" --set '{x}'" for x in a.set)
-    if Path(a.config).resolve() != CONFIG.resolve():
-        how += f" --config {Path(a.config).resolve().relative_to(REPO) if Path(a.config).resolve().is_relative_to(REPO) else a.config}"
+    config = Path(a.config).resolve()
+    if config != CONFIG.resolve():
+        how += f" --config {config.relative_to(REPO) if config.is_relative_to(REPO) else a.config}"
     if a.reading:
         how += f" --reading {a.reading}"
     header = "\n".join([

@@ -80,6 +80,7 @@ def _rounds(config: RunConfig, store: Store) -> dict:
     t0 = time.perf_counter()
     try:
         base = config.model.policy
+        refine_asks_policy = bool(config.refine.strategies) and asks_the_policy(config.refine, config.teacher)
         for r in range(config.rounds):
             spent = spent_tokens(store, config.run_id, before_round=r)
             if config.max_generated_tokens is not None and spent >= config.max_generated_tokens:
@@ -91,8 +92,7 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             # on resume, a round whose train stage landed loads its policy no more (evaluate reads the next one),
             # and keep_checkpoints = evaluated may have deleted its folder; only a pending refine (a resume that
             # raised `rounds` gives the old last round one) whose teacher is the policy still loads it
-            teaching = (bool(config.refine.strategies) and r + 1 < config.rounds
-                        and asks_the_policy(config.refine, config.teacher))
+            teaching = refine_asks_policy and r + 1 < config.rounds
             done = (config.train.enabled and store.landed(config.run_id, r, "train")
                     and not (teaching and not store.landed(config.run_id, r, "refine")))
             version, spec = policy_for_round(store, config.run_id, r, base, need_weights=not done)

@@ -100,10 +100,10 @@ class Sampler:
                 raise ValueError(f"run {run_id} exists and was not made by a sampler; choose another run id")
             if previous is not None:  # a default changed since (soften joined the strategies) keeps the run's own
                 self.config = keep_stored(self.config, previous)
-            if previous is not None and _essential(_as_today(previous)) != _essential(self._recorded()):
-                raise ValueError(f"run {run_id} was sampled with another config (pool, select, utility, refine, "
-                                 "teacher, rollout.instruction, rollout.include_reserve or correct_at differ); choose "
-                                 "another run id")
+                if _essential(_as_today(previous)) != _essential(self._recorded()):
+                    raise ValueError(f"run {run_id} was sampled with another config (pool, select, utility, refine, "
+                                     "teacher, rollout.instruction, rollout.include_reserve or correct_at differ); "
+                                     "choose another run id")
             mark(self.store, run_id, "running", self._recorded())
         except BaseException:
             self._held.close()

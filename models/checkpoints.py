@@ -14,8 +14,8 @@ Retention (`train.keep_checkpoints = "evaluated"`, `prune_checkpoints`): after e
 folders of the run's versions that are neither its newest two nor evaluated (any `evals` row: a milestone, the
 run's end, a `refinery eval`); version 0 is the base model and never touched. The one before the newest is the
 policy that sampled the last round: a resume that raises `rounds` runs that round's refine, whose teacher is by
-default the policy. Only a folder this store keeps for this
-run (`_checkpoints/run_id=<run>/v<N>`, locally or under a remote root, and its local cache copy) is ever deleted:
+default the policy. Only a folder this store keeps for this run (`_checkpoints/run_id=<run>/v<N>`, locally or
+under a remote root, and its local cache copy) is ever deleted:
 a recorded path is data, and a row naming any other folder is skipped. The `checkpoints` rows stay, so lineage
 and the curves still name every version; `refinery eval` of a pruned version says it was pruned.
 """

@@ -31,8 +31,8 @@ def _runs(store: Store, table: str, run_id: str, before: int) -> pl.LazyFrame:
 def posterior_topups(store: Store, run_id: str, before: int, screen_samples: int,
                      screened_rounds: set[int]) -> tuple[dict[int, float], dict[int, int], pl.DataFrame]:
     """({round: rows of kept groups topped up on the posterior's word}, {round: their top-up tokens}, and those
-    kept groups' (round, prompt_id)) over the screened rounds before `before`. A group topped up on the posterior's word is one whose screen (samples
-    0..k_s-1) was unanimous: kept in `rollouts` when the top-up made it mixed, else in `discarded_rollouts` as
+    kept groups' (round, prompt_id)) over the screened rounds before `before`. A group topped up on the
+    posterior's word is one whose screen (samples 0..k_s-1) was unanimous: kept in `rollouts` when the top-up made it mixed, else in `discarded_rollouts` as
     `zero_variance` (a mixed screen never is). Its cost is its top-up samples' tokens (the screen was spent
     either way)."""
     none = pl.DataFrame(schema={"round": pl.Int32, "prompt_id": pl.String})

@@ -240,10 +240,10 @@ def refine_task(ctx: RoundContext, store: Store, cfg: RefineConfig, teacher_cfg:
     """The refine stage as the flow runs it: loads the teacher (`teacher_cfg`, the [teacher] section) if an
     enabled strategy asks one, and the run's base policy as the rewrite gate's reference model (only if a
     rewrite gets that far)."""
-    self_taught = "teacher_scaffold" in cfg.strategies and not cfg.scaffolds_run(teacher_cfg)
-    cfg = running(cfg, teacher_cfg)
-    wanted = any(strategy(name).wants_teacher(cfg) for name in cfg.strategies)
-    teacher = load_teacher(teacher_cfg.model, ctx.model, teacher_cfg) if wanted else None
+    ran = running(cfg, teacher_cfg)
+    self_taught = ran.strategies != cfg.strategies  # teacher_scaffold left out
+    cfg = ran
+    teacher = load_teacher(teacher_cfg.model, ctx.model, teacher_cfg) if wants_a_teacher(cfg) else None
     reference = ctx.model.model_copy(update={"policy": reference_policy(store, ctx.run_id, ctx.policy),
                                              "backend": "transformers"})
     out = refine(ctx, store, cfg, teacher, logprobs=partial(reference_logprobs, reference), asking=teacher_cfg)
@@ -266,11 +266,15 @@ def running(cfg: RefineConfig, teacher_cfg: TeacherConfig) -> RefineConfig:
     return cfg
 
 
+def wants_a_teacher(cfg: RefineConfig) -> bool:
+    """Does some strategy the stage runs (`running`'s) ask the teacher?"""
+    return any(strategy(name).wants_teacher(cfg) for name in cfg.strategies)
+
+
 def asks_the_policy(cfg: RefineConfig, teacher_cfg: TeacherConfig) -> bool:
     """Does the stage load the round's policy weights (a strategy that wants the teacher, and the teacher is the
     policy)? The gate's reference model is the base policy, never pruned."""
-    cfg = running(cfg, teacher_cfg)
-    return teacher_cfg.model == "policy" and any(strategy(n).wants_teacher(cfg) for n in cfg.strategies)
+    return teacher_cfg.model == "policy" and wants_a_teacher(running(cfg, teacher_cfg))
 
 
 def reference_policy(store: Store, run_id: str, round_policy: str) -> str:

@@ -124,6 +124,7 @@ PRIORS = ("fitted", "pooled")  # select.pass_rate_prior: how a bin's prior is ma
 RHO_RANGE = (0.1, 0.95)  # the fitted overdispersion's bounds: a prior of 9 to 0.05 pseudo-samples (the lower
 # bound keeps a bin of prompts that look alike exploring its members: the evidence store's fits never reach it)
 MIN_FIT_PROMPTS = 5  # a bin with fewer sampled prompts takes the overdispersion fitted over all bins
+MIN_FIT_DOF = 4.0  # a bin whose moments have fewer degrees of freedom than this takes the pooled ρ as well
 
 
 def _overdispersion(n: pl.Expr, s: pl.Expr, mean: pl.Expr) -> tuple[pl.Expr, pl.Expr]:
@@ -133,9 +134,6 @@ def _overdispersion(n: pl.Expr, s: pl.Expr, mean: pl.Expr) -> tuple[pl.Expr, pl.
     D is (k − 1)(n − 1) at equal n, and 0 for a bin of one prompt, which says nothing of the spread)."""
     spread = (n * (s / n - mean) ** 2 / (mean * (1 - mean))).sum() - (pl.len() - 1)
     return spread, n.sum() - (n ** 2).sum() / n.sum() - (pl.len() - 1)
-
-
-MIN_FIT_DOF = 4.0  # a bin whose moments have fewer degrees of freedom than this takes the pooled ρ as well
 
 
 def fitted_priors(bins: pl.DataFrame, counts: pl.DataFrame) -> pl.DataFrame:

@@ -2,8 +2,8 @@
 defaults: tasks/core/screening.py; the loop: tasks/core/dapo.py `dynamic_sampling`; docs/algorithms.md §4.2).
 
 Method. Generation batch 1 is the select stage's picks (B of them). Every prompt of a batch first gets
-`screen_samples` (k_s) samples; the prompt's pass-rate posterior (tasks/core/passrate.py: bins, a Beta prior per bin) is
-updated with the run's earlier groups and every screen of the round so far, this batch's included; a mixed
+`screen_samples` (k_s) samples; the prompt's pass-rate posterior (tasks/core/passrate.py: bins, a Beta prior per
+bin) is updated with the run's earlier groups and every screen of the round so far, this batch's included; a mixed
 screen, or a unanimous one whose posterior still gives P(the full group is mixed) >= `screen_topup_threshold`,
 is topped up to G with G − k_s more samples (its screening samples are samples 0..k_s−1 of the group). The
 loop then keeps the topped-up groups whose rewards differ, up to B, and refills: it screens further candidates
@@ -93,8 +93,8 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
     bins = bins_of(store, set(candidates["prompt_id"].to_list()) | set(history["prompt_id"].to_list()))
     taken = set(chosen)
     rest = [i for i in candidates["prompt_id"].to_list() if i not in taken]
-    model = select_cfg.pass_rate_prior
-    prior = posterior(bins, history, PRIOR_STRENGTH, model)  # before the round generated anything: refills, predictions
+    kind = select_cfg.pass_rate_prior
+    prior = posterior(bins, history, PRIOR_STRENGTH, kind)  # before the round generated anything: refills, predictions
     before = in_order(prior, rest)
     queue = chosen + refill_order(rest, before["alpha"].to_numpy(), before["beta"].to_numpy(), select_cfg.seed,
                                   ctx.round, g)
@@ -124,7 +124,7 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
             "correct": [v.correct for vs in first_checked for v in vs],
             "augmentation": [a for a, vs in zip(augmentation, first_checked) for _ in vs]},
             schema={"prompt_id": pl.String, "reward": pl.Float64, "correct": pl.Boolean, "augmentation": pl.String})))
-        post = in_order(posterior(bins, summed(history, *screens), PRIOR_STRENGTH, model), ids)
+        post = in_order(posterior(bins, summed(history, *screens), PRIOR_STRENGTH, kind), ids)
         decisions = screen_decisions([has_variance([v.reward for v in vs]) for vs in first_checked],
                                      [all(v.correct for v in vs) for vs in first_checked],
                                      post["alpha"].to_numpy(), post["beta"].to_numpy(), g - ks,

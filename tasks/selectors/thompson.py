@@ -72,9 +72,8 @@ class Thompson(Selector):
         counts, g = run_history(view)
         ids = candidates.ids
         bins = bins_of(view.store, set(ids) | set(counts["prompt_id"].to_list()))
-        fitted = posterior(bins, counts, PRIOR_STRENGTH, cfg.pass_rate_prior)
-        post = (pl.DataFrame({"prompt_id": ids}).join(fitted, on="prompt_id",
-                                                      how="left", maintain_order="left"))
+        every = posterior(bins, counts, PRIOR_STRENGTH, cfg.pass_rate_prior)
+        post = pl.DataFrame({"prompt_id": ids}).join(every, on="prompt_id", how="left", maintain_order="left")
         x = candidates.x
         labels, _ = kmeans(x, n_clusters(len(ids), cfg.k_max), seed=view.seed, minibatch_above=cfg.minibatch_above)
         alpha, beta = post["alpha"].to_numpy(), post["beta"].to_numpy()

@@ -76,29 +76,35 @@ def soften_expression(expression: str) -> str | None:
     return None
 
 
-def can_soften(row: dict) -> bool:
-    """Has `row` a step down: an rg: task of SOFTENED whose expression is once in its text, above the minimum."""
-    if not row["source"].startswith("rg:") or row["source"][3:] not in SOFTENED:
-        return False
+def step_down(row: dict) -> tuple[str, str] | str:
+    """(`row`'s expression, the one a step easier), or why it has none (an `unsupported` reason): `row` must be
+    an rg: task of SOFTENED whose expression is once in its text, above the minimum."""
+    task = row["source"][3:] if row["source"].startswith("rg:") else None
+    if task not in SOFTENED:
+        return f"unsupported: soften needs an rg: source of {', '.join(SOFTENED)}"
     expression = json.loads(row.get("meta") or "{}").get("expression")
-    return (isinstance(expression, str) and row["text"].count(expression) == 1
-            and soften_expression(expression) is not None)
+    if not isinstance(expression, str) or row["text"].count(expression) != 1:
+        return "unsupported: soften needs the item's expression, once in its text"
+    easier = soften_expression(expression)
+    if easier is None:
+        return f"unsupported: at the minimum ({expression!r} has no easier step)"
+    return expression, easier
+
+
+def can_soften(row: dict) -> bool:
+    """Has `row` a step down (`step_down`)?"""
+    return not isinstance(step_down(row), str)
 
 
 def softened_row(parent: dict, root: dict, run_id: str, round: int,
                  lengths: Lengths = LENGTHS) -> tuple[dict | None, str | None]:
     """The one-step-easier sibling of `parent` (an original, or a rung of `root`'s lineage), made its child.
     (child, rejection reason)."""
-    task = parent["source"][3:] if parent["source"].startswith("rg:") else None
-    if task not in SOFTENED:
-        return None, f"unsupported: soften needs an rg: source of {', '.join(SOFTENED)}"
+    step = step_down(parent)
+    if isinstance(step, str):
+        return None, step
+    expression, easier = step
     meta = json.loads(parent.get("meta") or "{}")
-    expression = meta.get("expression")
-    if not isinstance(expression, str) or parent["text"].count(expression) != 1:
-        return None, "unsupported: soften needs the item's expression, once in its text"
-    easier = soften_expression(expression)
-    if easier is None:
-        return None, f"unsupported: at the minimum ({expression!r} has no easier step)"
     try:
         answer = str(value_of(easier))
     except NoSolution as e:
@@ -108,7 +114,7 @@ def softened_row(parent: dict, root: dict, run_id: str, round: int,
     child = child_row(parent, text, "soften", run_id, round, answer=answer, meta_extra={
         "expression": easier, "num_terms": len(widths), "num_digits": max(widths),
         "level": "digits " + ",".join(map(str, widths)), "soften_depth": int(meta.get("soften_depth", 0)) + 1})
-    child["solution"] = worked_solution(task, text, answer, child["meta"])
+    child["solution"] = worked_solution(parent["source"][3:], text, answer, child["meta"])
     return child, check_child(text, parent["text"], answer, min_chars=lengths.min_chars, max_chars=lengths.max_chars)
 
 
