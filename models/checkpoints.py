@@ -4,7 +4,8 @@ Layout: `<store>/_checkpoints/run_id=<run>/v<version>/` (a transformers folder: 
 tokenizer). A folder is written under a temporary name and renamed into place; it only counts once the train
 stage that made it has landed its `checkpoints` row, so a crash mid-save leaves nothing a reader would use,
 and the rerun overwrites it (on a remote store the upload has no rename: the rerun uploads the same file
-names over a crashed upload's objects). Version 0 is the run's starting model; its row points at the resolved base.
+names over a crashed upload's objects). Version 0 is the run's starting model; its row names the base as
+`recorded_spec` has it (a built-in name as it is, so that the store moves between machines; else resolved).
 For a remote root (s3://...) the folder is written in the local model cache (transformers loads local
 folders) and then uploaded to `<store>/_checkpoints/run_id=<run>/v<version>/`, and the row records that URI,
 so any host can continue the run: `local_copy` fetches a recorded remote folder into its own cache once.
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import polars as pl
 
+from models.registry import BUILT_IN
 from storage.checkpoints import checkpoint_versions, newest_checkpoint
 from storage.query import scan
 from storage.store import Store
@@ -120,7 +122,7 @@ def policy_for_round(store: Store, run_id: str, round: int, base: str,
     `need_weights` is off (a landed round on resume: nothing loads it, and retention may have deleted it);
     then the recorded path comes back as it is, unfetched."""
     version, path = newest_checkpoint(store, run_id, base, before_round=round)
-    if version and not need_weights:
+    if version and (not need_weights or path in BUILT_IN):  # a built-in name: an update-less round's version
         return version, path
     if version:
         path = local_copy(store, path)
@@ -138,6 +140,8 @@ def own_folder(store: Store, run_id: str, version: int, path: str) -> bool:
 
 def checkpoint_gone(store: Store, path: str) -> bool:
     """Is a recorded checkpoint folder missing (pruned, or deleted by hand)?"""
+    if path in BUILT_IN:  # an update-less round's version is the built-in base, rebuilt wherever it is read
+        return False
     if store.local or "://" not in path:
         return not Path(path).is_dir()
     return not store.fs.exists(store.fs._strip_protocol(path) + "/config.json")

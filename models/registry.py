@@ -127,6 +127,15 @@ def build_tiny_random(dest: Path | None = None, seed: int = 0) -> Path:
     return _atomic_dir(dest, build)
 
 
+BUILT_IN = ("default", "tiny-random")  # names resolve() builds on any machine, in that machine's model cache
+
+
+def recorded_spec(spec: str) -> str:
+    """How a base model is recorded in the store (a checkpoints row): a built-in name as it is, since its folder
+    is this machine's cache and `resolve` rebuilds it anywhere; anything else resolved (a folder, a hub id)."""
+    return spec if spec in BUILT_IN else resolve(spec)
+
+
 def resolve(spec: str) -> str:
     """A spec as something `from_pretrained` loads: a local folder, or a hub id."""
     if spec == "default":

@@ -2,8 +2,8 @@
 
 The train stage records each version it makes, with the round that made it and its weights' folder
 (models/checkpoints.py writes the folder); a commit in round 0 also records version 0, the run's starting
-model, pointing at the resolved base. Version 0 is never recorded alone, so a run with any rows has a trained
-version, and the newest trained version is the newest version there is.
+model, naming the base (models/registry.py `recorded_spec`). Version 0 is never recorded alone, so a run with
+any rows has a trained version, and the newest trained version is the newest version there is.
 
 Paths: a local store records its own checkpoint folders relative to its root (`_checkpoints/run_id=<run>/v<N>`:
 `recorded_path`), so a store that is moved, copied or committed (the golden fixtures, the evidence store) still

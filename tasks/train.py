@@ -149,7 +149,7 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     (`ctx.policy`, version `ctx.policy_version`) starts the update; the base (`ctx.base`, version 0) is the KL
     reference."""
     from models.checkpoints import save_checkpoint
-    from models.registry import release_backends, resolve
+    from models.registry import recorded_spec, release_backends, resolve
     from storage.checkpoints import newest_checkpoint, recorded_path
 
     run_id, round, policy_version, base = ctx.run_id, ctx.round, ctx.policy_version, ctx.base
@@ -197,13 +197,14 @@ def train_task(ctx: RoundContext, store: Store, cfg: TrainConfig, rollout_cfg: R
     if steps:
         saved = save_checkpoint(model, tokenizer, store, run_id, version)
     else:  # no update: the new version is the round's policy, recorded where that one is recorded
-        saved = newest_checkpoint(store, run_id, base, before_round=round)[1] if policy_version else path
+        saved = newest_checkpoint(store, run_id, base, before_round=round)[1] if policy_version else recorded_spec(
+            ctx.policy)
     now = datetime.now(UTC)
     ckpt = [{"run_id": run_id, "policy_version": version, "parent_version": policy_version, "round": round,
              "path": recorded_path(store, saved), "created_at": now}]  # store-relative: the store can move
     if policy_version == 0 and round == 0:
         ckpt.insert(0, {"run_id": run_id, "policy_version": 0, "parent_version": None, "round": 0,
-                        "path": resolve(base), "created_at": now})
+                        "path": recorded_spec(base), "created_at": now})
     step_rows = [{"run_id": run_id, "round": round, "policy_version": version, **r} for r in steps]
     tables = {"checkpoints": pa.Table.from_pylist(ckpt)}
     if step_rows:

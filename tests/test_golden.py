@@ -75,3 +75,23 @@ def test_json_text_columns_compare_their_floats_within_tolerance():
     assert frames_match(one(base), one(base.replace("true", "false"))) is not None
     assert frames_match(one("plain text"), one("plain text!")) is not None
     assert frames_match(one('{"x": 1.0}'), one('{"x": true}')) is not None
+
+
+def test_the_golden_stores_name_no_path_of_the_machine_that_wrote_them():
+    """Committed stores travel: a run's config names no store, a checkpoint row names a store-relative folder or
+    a built-in model rather than this checkout or a model cache (make_stores.py `scrub`), and no lock file is
+    committed with them. (The teacher cache's key still names the teacher's folder: `teacher_calls.teacher`.)"""
+    import pyarrow.parquet as pq
+
+    from models.registry import BUILT_IN, cache_root
+
+    machine = (str(ROOT), str(cache_root()), "/home/", "/root/", "/tmp/")
+    files = sorted(GOLDEN.rglob("*"))
+    assert not [f for f in files if f.is_file() and (f.suffix == ".lock" or ".locks" in f.parts)]
+    for table, column in (("runs", "config"), ("checkpoints", "path")):
+        values = [v for f in sorted(GOLDEN.glob(f"*/{table}/**/*.parquet")) for v in pq.read_table(f)[column].to_pylist()]
+        assert values and not [v for v in values if any(m in v for m in machine)], f"{table}.{column}: {values}"
+        if table == "runs":
+            assert all("store" not in json.loads(v) for v in values)
+        else:
+            assert all(v in BUILT_IN or v.startswith("_checkpoints/") for v in values), values

@@ -349,9 +349,11 @@ def test_each_round_samples_the_checkpoint_the_last_one_trained(run):
     recorded = {r["policy_version"]: r["path"] for r in q(store, f"SELECT policy_version, path FROM checkpoints "
                                                                  f"WHERE run_id = '{RUN}'")}
     assert recorded[1] == "_checkpoints/run_id=scripted/v1"  # relative to the store: it can move
+    assert recorded[0] == "tiny-random"  # the built-in base by name, not this machine's model cache
+    from models.registry import resolve
     from storage.checkpoints import checkpoint_versions
 
-    paths = dict(checkpoint_versions(store, RUN).select("policy_version", "path").iter_rows())
+    paths = {v: resolve(p) for v, p in checkpoint_versions(store, RUN).select("policy_version", "path").iter_rows()}
     assert sorted(paths) == [0, 1, 2, 3]
     w0, w1 = (load_file(f"{paths[v]}/model.safetensors") for v in (0, 1))
     assert any(not torch.equal(w0[k], w1[k]) for k in w0)

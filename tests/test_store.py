@@ -228,6 +228,29 @@ def test_a_moved_store_still_finds_its_checkpoints(tmp_path, tiny_backend):
     assert (tmp_path / "b" / "_checkpoints" / "run_id=m" / "v1" / "config.json").exists()
 
 
+def test_a_built_in_base_is_recorded_by_name_and_found_on_any_machine(tmp_path):
+    """Version 0 (and a version made by a round without an update) of a run on a built-in model names it
+    (`tiny-random`), not this machine's model cache: another machine resolves the name in its own cache, the
+    next round samples it, and `refinery eval` does not call it gone."""
+    from datetime import UTC, datetime
+
+    from models.checkpoints import checkpoint_gone, policy_for_round
+    from models.registry import recorded_spec, resolve
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text("{}")
+    assert recorded_spec("tiny-random") == "tiny-random"  # a folder of the user's is recorded resolved, as before
+    assert recorded_spec(str(tmp_path / "." / "mine")) == str((tmp_path / "mine").resolve())
+    store = Store(tmp_path / "s")
+    rows = [{"run_id": "b", "policy_version": v, "parent_version": v - 1 if v else None, "round": 0,
+             "path": recorded_spec("tiny-random"), "created_at": datetime.now(UTC)} for v in (0, 1)]
+    store.commit("train", {"checkpoints": pa.Table.from_pylist(rows)}, run_id="b", round=0)
+    assert q(store, "SELECT DISTINCT path FROM checkpoints") == [{"path": "tiny-random"}]
+    assert policy_for_round(store, "b", 1, "tiny-random") == (1, "tiny-random")
+    assert not checkpoint_gone(store, "tiny-random")
+    assert os.path.isfile(os.path.join(resolve("tiny-random"), "config.json"))
+
+
 def test_a_run_s_stored_config_names_the_store_it_is_read_from(tmp_path):
     """runs.config does not record where the run lives: the row is in that store. Read back, `store` is the store
     it was read from, for a moved store and for a row written before (which named its old path)."""
