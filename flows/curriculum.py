@@ -35,6 +35,7 @@ from flows.config import RunConfig, placed
 from flows.preflight import validate_for_run
 from flows.resume import check_resume, keep_stored
 from models.checkpoints import policy_for_round, prune_checkpoints
+from models.memory import only_new_objects
 from storage.runs import mark, run_lock, stored_config
 from storage.store import Store
 from tasks.collect import collect_task
@@ -65,7 +66,7 @@ def curriculum(config: RunConfig = RunConfig()) -> dict:  # noqa: B008 (a pydant
     validate_for_run(config)
     store = Store(config.store)
     store.cleanup()
-    with run_lock(store, config.run_id):  # no two processes on one run id; marks a dead holder's run failed
+    with run_lock(store, config.run_id), only_new_objects():  # one run per id; gc passes visit the run's objects
         return _rounds(config, store)
 
 

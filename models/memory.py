@@ -10,6 +10,15 @@ alone, without the collector's pass over every Python object: training calls it 
 pass, where the next pass's tensors come in other sizes and would otherwise stack on the free-but-resident
 heap the last ones left (a traced step grew 0.4 GiB over its passes; see `git show 7f3fe64:docs/performance.md`).
 
+The collector's full pass visits every tracked object of the process, and most of them are the libraries'
+(prefect, pydantic, transformers, torch: about 0.3 million after imports; in a test process holding a Prefect
+harness and earlier tests' objects, a pass took ~1 s, a fifth of a 2-round flow test's time over its ~30
+calls). `only_new_objects` (the curriculum flow's rounds, and every stage) collects once, then freezes what
+exists (`gc.freeze`: the collector skips those objects) until it ends (`gc.unfreeze`), so each
+`release_memory` inside visits what the run made since. What is frozen still frees itself by reference
+counting; only a reference cycle among pre-existing objects that becomes garbage inside waits for the end.
+Reentrant: an inner use (a stage inside the flow) changes nothing.
+
 oneDNN (torch's CPU kernels for bf16 matmuls) caches up to 1024 compiled primitives, each holding its
 scratch buffers, and a training round meets a new matmul shape with every packed sequence length: measured on
 a standalone GRPO round of SmolLM2-135M, the cache kept 0.2 GiB after the round and raised the peak by 0.3 GiB.
@@ -36,6 +45,9 @@ import functools
 import gc
 import os
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 ONEDNN_CACHE_CAPACITY = "16"
 IDEEP_CACHE_CAPACITY = "16"  # ideep's per-thread cache of matmul primitives (LRU_CACHE_CAPACITY)
@@ -66,6 +78,29 @@ def release_memory() -> None:
     torch = sys.modules.get("torch")  # not imported here: a process without torch has nothing to free
     if torch is not None and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+_FROZEN = {"depth": 0}
+_FROZEN_LOCK = threading.Lock()
+
+
+@contextmanager
+def only_new_objects() -> Iterator[None]:
+    """Collect, then freeze every object that exists until the block ends, so the collector's passes inside
+    visit only what the block made (module docstring). Reentrant: only the outermost block freezes."""
+    with _FROZEN_LOCK:
+        outermost = _FROZEN["depth"] == 0
+        _FROZEN["depth"] += 1
+        if outermost:
+            gc.collect()
+            gc.freeze()
+    try:
+        yield
+    finally:
+        with _FROZEN_LOCK:
+            _FROZEN["depth"] -= 1
+            if outermost:
+                gc.unfreeze()
 
 
 def bound_onednn_cache() -> None:

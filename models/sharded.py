@@ -13,9 +13,10 @@ call out over N Ray actors, each holding its own copy of the policy.
   prompt id), and keyed sampling draws each row's tokens from its own key alone (models/hf/decoding.py), so a
   prompt's samples do not depend on which shard or batch generated it. The sharded stage writes the rows one
   process writes (tests/test_ray_shard.py compares row hashes on a local two-worker cluster). That holds
-  where a row's logits do not depend on what else is in its batch, as on CPU in fp32; in bf16 on a GPU, or
-  on vLLM, batch shapes change the logits in their last bits and a draw near a boundary can differ, so
-  there the rows agree in distribution, not bit for bit. A call without row seeds is refused: its rows
+  where a row's logits do not depend on what else is in its batch, as on CPU in fp32 (vLLM's CPU engine
+  included: tests/test_vllm_cpu.py shards collect over 2 vLLM workers); in bf16 on a GPU batch shapes change
+  the logits in their last bits and a draw near a boundary can differ, so there the rows agree in
+  distribution, not bit for bit. A call without row seeds is refused: its rows
   would depend on the split.
 - Actors: created once per process and scale setting, each with `cpus_per_worker` CPUs and
   `gpus_per_worker` GPUs; a new checkpoint is loaded into the same actors (`load`), which drop the previous
@@ -103,6 +104,10 @@ class GenerationWorker:
     def stats(self) -> tuple[int, int]:
         """(process id, prompts generated for): where the work ran, for tests and logs."""
         return os.getpid(), self.prompts
+
+    def holds(self) -> str:
+        """The name of the backend this actor generates on ('' before its first load)."""
+        return self.backend.name if self.backend is not None else ""
 
     def load(self, model: dict) -> str:
         if model != self.spec:

@@ -50,7 +50,7 @@ from prefect import task
 from pydantic import BaseModel, ConfigDict, Field
 
 from models.config import ModelConfig
-from models.memory import release_memory
+from models.memory import only_new_objects, release_memory
 from models.meter import Meter, metering
 from models.sharded import ScaleConfig
 from models.threads import claim as claim_threads
@@ -134,16 +134,17 @@ def stage(name: str | Callable[..., str], *, metered: bool | Callable[..., bool]
             if store.landed(ctx.run_id, ctx.round, commit):
                 return {**skipped(commit, ctx.round), **of_call(on_landed or {}, (ctx, *sections), kwargs)}
             claim_threads()  # this process's share of the cores, re-read per stage (models/threads.py)
-            try:
-                counting = of_call(metered, (ctx, *sections), kwargs)
-                with metering() if counting else nullcontext() as meter:  # lands with the commit (models/meter.py)
-                    if meter is not None:
-                        store.riders[(ctx.run_id, ctx.round, commit)] = lambda: token_counts(meter, ctx, commit)
-                    return {"stage": commit, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
-            finally:
-                for release in STAGE_END:
-                    release()
-                release_memory()  # what the stage freed goes back to the OS before the next stage's peak
+            with only_new_objects():  # the collector's passes inside visit the stage's objects (models/memory.py)
+                try:
+                    counting = of_call(metered, (ctx, *sections), kwargs)
+                    with metering() if counting else nullcontext() as meter:  # lands with the commit (models/meter.py)
+                        if meter is not None:
+                            store.riders[(ctx.run_id, ctx.round, commit)] = lambda: token_counts(meter, ctx, commit)
+                        return {"stage": commit, "round": ctx.round, **fn(ctx, store, *sections, **kwargs)}
+                finally:
+                    for release in STAGE_END:
+                        release()
+                    release_memory()  # what the stage freed goes back to the OS before the next stage's peak
 
         run.__signature__ = signature
         task_name = name if isinstance(name, str) else fn.__name__.removesuffix("_task")

@@ -6,6 +6,8 @@ same engine (two checkpoints), the train stage's `release_backends` (no sleep mo
 `curriculum` flow with shaping on. ONE engine serves the module's tiny-model tests (the `engine_tiny` fixture):
 starting one costs a minute or two on 2 cores; every later checkpoint is loaded into it in place. The last flow
 test runs the same 2 rounds on the embedded SmolLM2-135M (bf16) on an engine of its own (about 4 minutes).
+Marked `slow` (CI's `make test-vllm-quick` leaves them out, `make test-vllm` runs them): that flow, the
+Ray-sharded collect (two more engines) and the side-by-side benchmark: 1,085 of the module's 1,263 s on one core.
 
 The model is the tests' tiny random Llama with 2 heads of 32 instead of 4 of 16: vLLM's CPU attention kernels
 have no 16-wide head (the backend refuses that by name: `test_unsupported_head_size_is_refused_by_name`).
@@ -214,6 +216,54 @@ def test_two_round_curriculum_on_vllm_cpu_with_shaping(engine_tiny, prefect_api,
     assert eng.reloads >= reloads + 1  # round 1 samples round 0's checkpoint in the same engine
 
 
+@pytest.mark.slow  # CI runs `make test-vllm-quick`, without it
+def test_ray_sharded_collect_on_vllm_workers_writes_the_single_engine_rows(engine_tiny, prefect_api, tmp_path):
+    """Collect sharded over a local Ray cluster of 2 CPU workers, each actor with its own vLLM engine
+    (models/sharded.py; issue 51 item 4): one round of `curriculum` writes the rollouts the module's single
+    engine writes for the same config, row for row (keyed sampling: each request carries its row seed, and on
+    CPU in fp32 a request's logits do not depend on its batch: test_keyed_sampling_per_request_seeds_on_cpu)."""
+    pytest.importorskip("ray")
+    import hashlib
+    import os
+
+    from test_curriculum import TINY
+
+    from flows.config import load_config
+    from flows.curriculum import curriculum
+    from models import sharded, vllm_backend
+    from storage.query import sql
+    from storage.store import Store
+
+    sets = [s for s in TINY if not s.startswith("model.policy=")] + [
+        f"model.policy={engine_tiny.path}", "model.backend=vllm", "model.device=cpu", "train.enabled=false",
+        "eval.enabled=false", "shape.enabled=false", "refine.strategies=[]"]  # collect (and its LoPE) only
+    columns = ("round, policy_version, prompt_id, sample_idx, prompt_text, completion, reward, n_tokens, "
+               "finish_reason, augmentation, round(mean_logprob, 4) AS lp")
+
+    def rows(root: Path) -> list[str]:
+        got = sql(Store(root), f"SELECT {columns} FROM rollouts ORDER BY ALL").to_pylist()
+        return [hashlib.sha256(repr(sorted(r.items())).encode()).hexdigest()[:16] for r in got]
+
+    built = vllm_backend.ENGINES_BUILT
+    curriculum(load_config(sets=sets, run_id="one", store=str(tmp_path / "one"), rounds=1))
+    try:
+        curriculum(load_config(sets=[*sets, "scale.rollout_workers=2", "scale.ray_address=local"], run_id="one",
+                               store=str(tmp_path / "two"), rounds=1))
+        import ray
+
+        workers = next(iter(sharded._ACTORS.values()))
+        stats = ray.get([w.stats.remote() for w in workers])
+        names = ray.get([w.holds.remote() for w in workers])
+    finally:
+        sharded.shutdown()
+    assert len({pid for pid, _ in stats} - {os.getpid()}) == 2 and all(n > 0 for _, n in stats), stats
+    assert all(name.startswith("vllm") for name in names), names  # each actor generated on an engine of its own
+    assert vllm_backend.ENGINES_BUILT == built  # the flow's own copy stayed on the module's engine
+    one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
+    assert len(one) > 20 and one == two, f"{len(set(one) ^ set(two))} of {len(one)} rows differ"
+
+
+@pytest.mark.slow  # CI runs `make test-vllm-quick`, without it
 def test_two_round_curriculum_on_smollm2_bf16(engine_tiny, prefect_api, store):
     """The same 2-round flow on the embedded SmolLM2-135M-Instruct, bf16 (the default dtype): a model of the
     real shape (30 layers, 64-wide heads, a tied LM head). Last in the module: it needs an engine of its own (a
@@ -251,6 +301,7 @@ def test_preflight_accepts_vllm_on_cpu_with_the_cpu_build(tiny):
     assert "on CPU with vllm-cpu" in problems.get("model.backend", ""), problems
 
 
+@pytest.mark.slow  # CI runs `make test-vllm-quick`, without it
 def test_the_side_by_side_benchmark_writes_its_figures(tmp_path):
     """benchmarks/vllm_cpu.py at its smallest: both arms on the embedded policy, the engine start apart, flat
     figures (issue 51 item 5)."""
