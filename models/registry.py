@@ -136,6 +136,19 @@ def recorded_spec(spec: str) -> str:
     return spec if spec in BUILT_IN else resolve(spec)
 
 
+def model_identity(path: str) -> str:
+    """The weights a loaded folder holds, named so that the name is the same on any machine and wherever the
+    store lives: a built-in model's cache folder by the built-in's name, a run's checkpoint folder
+    (`<store or cache>/_checkpoints/run_id=<run>/v<N>`) by `run_id=<run>/v<N>`, anything else as it is. A
+    backend's `name` is built on it, and the teacher cache's key on that (tasks/strategies/teacher_calls.py), so
+    a moved or copied store still finds the answers its teacher gave."""
+    folder = Path(path)
+    if folder.parent.name.startswith("run_id=") and folder.name[:1] == "v" and folder.name[1:].isdigit():
+        return f"{folder.parent.name}/{folder.name}"
+    built_in = {cache_dir() / f"{TINY_DIR}-0": "tiny-random", cache_dir() / DEFAULT_DIR: "default"}
+    return built_in.get(folder, path) if folder.is_absolute() else path
+
+
 def resolve(spec: str) -> str:
     """A spec as something `from_pretrained` loads: a local folder, or a hub id."""
     if spec == "default":

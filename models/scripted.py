@@ -53,6 +53,7 @@ from pathlib import Path
 from models.backend import Completion, Sampling
 from models.hf.backend import TransformersBackend
 from models.lorem import LOREM
+from models.registry import model_identity
 
 EIGHTHS = 8
 RATE_BOOST = {"mcq4": 6, "mcq10": 4, "cloze": 2, "hint": 3, "fewshot": 2, "lorem": 2, "version": 1}
@@ -251,7 +252,7 @@ class ScriptedBackend(TransformersBackend):
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
                  version: int | None = None, **kw):
         super().__init__(model_path, device=device, dtype=dtype, batch_size=batch_size, **kw)
-        self.name = f"scripted:{model_path}"
+        self.name = f"scripted:{model_identity(model_path)}"  # the same wherever the weights are (registry)
         self.policy_version = checkpoint_version(model_path) if version is None else version
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling,

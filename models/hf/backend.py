@@ -66,6 +66,7 @@ from models.hf import cascade, packed
 from models.hf.cascade import FLOAT32_KWARG, SHARED_KWARG, SharedPrompts
 from models.hf.decoding import M32, DecodeBatch, cache_kwarg, draw, keyed_uniforms
 from models.hf.states import SeqState, check_cuts, last_hidden, left_padded, split_rows
+from models.registry import model_identity
 from models.training.autocast import autocast, no_autocast
 
 log = logging.getLogger("refinery.models")
@@ -106,7 +107,7 @@ class TransformersBackend:
 
         if dtype not in ("auto", "bf16", "fp32"):
             raise ValueError(f"dtype must be auto, bf16 or fp32, got {dtype!r}")
-        self.name = f"transformers:{model_path}"
+        self.name = f"transformers:{model_identity(model_path)}"  # the same wherever the weights are (registry)
         self.device, self.dtype, self.batch_size = device, dtype, batch_size
         self.decode_steps = 0  # decode forwards run so far (one token per row): what a step of the loop costs
         self.score_chunk_tokens = score_chunk_tokens
