@@ -13,7 +13,8 @@ it stands for a store written by older code.
 The stores hold no path of the machine that wrote them (`scrub`, tests/test_golden.py checks): a run's config
 keeps no `store` (code before 8e8638f recorded it), a checkpoint row names a store-relative folder or a built-in
 model (`default`, `tiny-random`) rather than this checkout or this machine's model cache. Those are the columns
-the golden comparison leaves out (tests/golden.py `VOLATILE`), so the digests stay as they were."""
+the golden comparison leaves out (tests/golden.py `VOLATILE`), so the digests stay as they were. (A teacher is
+named by its weights since a140e90, models/registry.py `model_identity`: the code writes no path there.)"""
 
 from __future__ import annotations
 
