@@ -85,7 +85,8 @@ def model_problem(spec: str) -> str | None:
     """Why model spec `spec` cannot be loaded, or None. Loads nothing: the bundled models are converted on
     first use, so only their source package is checked here."""
     if spec in BUNDLED:
-        from models.registry import DEFAULT_DIR, ModelSpecError, cache_dir, gguf_path
+        from models.cache import DEFAULT_DIR, cache_dir
+        from models.registry import ModelSpecError, gguf_path
 
         if (cache_dir() / DEFAULT_DIR / "config.json").is_file():
             return None

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import polars as pl
 
-from models.registry import BUILT_IN
+from models.cache import BUILT_IN
 from storage.checkpoints import checkpoint_versions, newest_checkpoint
 from storage.query import scan
 from storage.store import Store
@@ -42,7 +42,7 @@ _RECORDED = re.compile(r"^run_id=[A-Za-z0-9][A-Za-z0-9_.-]{0,127}/v[0-9]+$")
 def checkpoint_root(store: Store) -> Path:
     if store.local:
         return Path(store.root, "_checkpoints")
-    from models.registry import cache_dir
+    from models.cache import cache_dir
 
     return cache_dir() / "checkpoints" / store.root.replace("://", "_").replace("/", "_")
 

@@ -13,34 +13,20 @@ Specs:
 from __future__ import annotations
 
 import importlib.util
-import os
 import shutil
 import sys
 import uuid
 from pathlib import Path
 
 from models.backend import Backend
+from models.cache import BUILT_IN, DEFAULT_DIR, TINY_DIR, cache_dir
 from models.config import ModelConfig
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_DIR = "smollm2-135m-instruct"
-TINY_DIR = "tiny-random-llama-v2"
 
 
 class ModelSpecError(ValueError):
     """A model spec that names nothing loadable."""
-
-
-def cache_root() -> Path:
-    """This machine's Refinery cache: $REFINERY_CACHE, else $XDG_CACHE_HOME/refinery (~/.cache/refinery)."""
-    return Path(os.environ.get("REFINERY_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-                / "refinery")
-
-
-def cache_dir() -> Path:
-    path = cache_root() / "models"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def gguf_path() -> Path:
@@ -127,26 +113,12 @@ def build_tiny_random(dest: Path | None = None, seed: int = 0) -> Path:
     return _atomic_dir(dest, build)
 
 
-BUILT_IN = ("default", "tiny-random")  # names resolve() builds on any machine, in that machine's model cache
 
 
 def recorded_spec(spec: str) -> str:
     """How a base model is recorded in the store (a checkpoints row): a built-in name as it is, since its folder
     is this machine's cache and `resolve` rebuilds it anywhere; anything else resolved (a folder, a hub id)."""
     return spec if spec in BUILT_IN else resolve(spec)
-
-
-def model_identity(path: str) -> str:
-    """The weights a loaded folder holds, named so that the name is the same on any machine and wherever the
-    store lives: a built-in model's cache folder by the built-in's name, a run's checkpoint folder
-    (`<store or cache>/_checkpoints/run_id=<run>/v<N>`) by `run_id=<run>/v<N>`, anything else as it is. A
-    backend's `name` is built on it, and the teacher cache's key on that (tasks/strategies/teacher_calls.py), so
-    a moved or copied store still finds the answers its teacher gave."""
-    folder = Path(path)
-    if folder.parent.name.startswith("run_id=") and folder.name[:1] == "v" and folder.name[1:].isdigit():
-        return f"{folder.parent.name}/{folder.name}"
-    built_in = {cache_dir() / f"{TINY_DIR}-0": "tiny-random", cache_dir() / DEFAULT_DIR: "default"}
-    return built_in.get(folder, path) if folder.is_absolute() else path
 
 
 def resolve(spec: str) -> str:

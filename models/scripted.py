@@ -51,9 +51,9 @@ from fractions import Fraction
 from pathlib import Path
 
 from models.backend import Completion, Sampling
+from models.cache import model_identity
 from models.hf.backend import TransformersBackend
 from models.lorem import LOREM
-from models.registry import model_identity
 
 EIGHTHS = 8
 RATE_BOOST = {"mcq4": 6, "mcq10": 4, "cloze": 2, "hint": 3, "fewshot": 2, "lorem": 2, "version": 1}

@@ -25,7 +25,7 @@ import logging
 import os
 from pathlib import Path
 
-from models.registry import cache_root
+from models.cache import cache_root
 
 log = logging.getLogger(__name__)
 ENV = "REFINERY_TORCH_THREADS"

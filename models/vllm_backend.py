@@ -61,7 +61,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from models.backend import Completion, Sampling, end_ids, logprob_temperature
-from models.registry import model_identity
+from models.cache import model_identity
 
 _ENGINE: Engine | None = None
 ENGINES_BUILT = 0  # in this process (benchmarks/vllm_check.py checks a run builds one)

@@ -84,7 +84,7 @@ def test_the_golden_stores_name_no_path_of_the_machine_that_wrote_them():
     lock file is committed with them."""
     import pyarrow.parquet as pq
 
-    from models.registry import BUILT_IN, cache_root
+    from models.cache import BUILT_IN, cache_root
 
     machine = (str(ROOT), str(cache_root()), "/home/", "/root/", "/tmp/")
     files = sorted(GOLDEN.rglob("*"))

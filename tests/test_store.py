@@ -276,7 +276,8 @@ def test_a_backend_is_named_by_its_weights_not_by_where_they_lie(tmp_path):
     """The teacher cache keys on the backend's name (tasks/strategies/teacher_calls.py call_key): a built-in
     model's cache folder is named by the built-in, a run's checkpoint by run and version wherever the store or
     its local copy lies, so a moved store still finds its teacher's answers; a folder of the user's is itself."""
-    from models.registry import model_identity, resolve
+    from models.cache import model_identity
+    from models.registry import resolve
     from tasks.strategies.teacher_calls import call_key
 
     assert model_identity(resolve("tiny-random")) == "tiny-random"

@@ -49,7 +49,7 @@ def prefect_home(store: str) -> Path:
 def migrated_template(cache: Path | None = None) -> Path:
     """The cached migrated empty database for the installed Prefect (its path; it may not exist yet)."""
     if cache is None:
-        from models.registry import cache_root
+        from models.cache import cache_root
 
         cache = cache_root()
     return cache / f"prefect-{version('prefect')}.db"

@@ -61,12 +61,12 @@ import torch
 import torch.nn.functional as F
 
 from models.backend import Completion, Sampling, end_ids, logprob_temperature
+from models.cache import model_identity
 from models.devices import amx_bf16, bf16_chosen, native_bf16
 from models.hf import cascade, packed
 from models.hf.cascade import FLOAT32_KWARG, SHARED_KWARG, SharedPrompts
 from models.hf.decoding import M32, DecodeBatch, cache_kwarg, draw, keyed_uniforms
 from models.hf.states import SeqState, check_cuts, last_hidden, left_padded, split_rows
-from models.registry import model_identity
 from models.training.autocast import autocast, no_autocast
 
 log = logging.getLogger("refinery.models")

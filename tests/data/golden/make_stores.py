@@ -38,7 +38,8 @@ def scrub(root: Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from models.registry import BUILT_IN, resolve
+    from models.cache import BUILT_IN
+    from models.registry import resolve
 
     cache = {resolve(name): name for name in BUILT_IN}
     own = str(root.resolve() / "_checkpoints") + "/"
