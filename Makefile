@@ -62,7 +62,6 @@ test-vllm:
 test-vllm-quick:
 	@$(MAKE) --no-print-directory test-vllm VLLM_MARK='vllm and not slow'
 
-
 # Recompile the locks after changing pyproject.toml's dependencies (requirements/lock.py), then commit them.
 lock:
 	test -x .lock-tools/bin/uv || ($(PY) -m venv .lock-tools && .lock-tools/bin/pip install -q uv==0.13.9)

@@ -113,8 +113,6 @@ def build_tiny_random(dest: Path | None = None, seed: int = 0) -> Path:
     return _atomic_dir(dest, build)
 
 
-
-
 def recorded_spec(spec: str) -> str:
     """How a base model is recorded in the store (a checkpoints row): a built-in name as it is, since its folder
     is this machine's cache and `resolve` rebuilds it anywhere; anything else resolved (a folder, a hub id)."""

@@ -252,7 +252,7 @@ class ScriptedBackend(TransformersBackend):
     def __init__(self, model_path: str, device: str = "cpu", dtype: str = "auto", batch_size: int = 32,
                  version: int | None = None, **kw):
         super().__init__(model_path, device=device, dtype=dtype, batch_size=batch_size, **kw)
-        self.name = f"scripted:{model_identity(model_path)}"  # the same wherever the weights are (registry)
+        self.name = f"scripted:{model_identity(model_path)}"  # the same wherever the weights are (models/cache.py)
         self.policy_version = checkpoint_version(model_path) if version is None else version
 
     def generate(self, prompts: list[str], n: int, sampling: Sampling,

@@ -200,7 +200,7 @@ class VLLMBackend:
         from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
         _import_vllm()  # a machine without vLLM is told so when the backend is asked for, not at its first use
-        self.name = f"vllm:{model_identity(model_path)}"  # the same wherever the weights are (registry)
+        self.name = f"vllm:{model_identity(model_path)}"  # the same wherever the weights are (models/cache.py)
         self.path, self.dtype, self.kv_cache_gib = model_path, dtype, kv_cache_gib
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if (Path(model_path) / "generation_config.json").is_file():  # as vLLM and transformers read them

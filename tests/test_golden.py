@@ -80,7 +80,7 @@ def test_json_text_columns_compare_their_floats_within_tolerance():
 def test_the_golden_stores_name_no_path_of_the_machine_that_wrote_them():
     """Committed stores travel: no text in them names this checkout, a model cache or a home or scratch folder
     (a run's config names no store; a checkpoint row names a store-relative folder or a built-in model:
-    make_stores.py `scrub`; a teacher is named by its weights: models/registry.py `model_identity`), and no
+    make_stores.py `scrub`; a teacher is named by its weights: models/cache.py `model_identity`), and no
     lock file is committed with them."""
     import pyarrow.parquet as pq
 

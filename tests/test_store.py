@@ -276,13 +276,20 @@ def test_a_backend_is_named_by_its_weights_not_by_where_they_lie(tmp_path):
     """The teacher cache keys on the backend's name (tasks/strategies/teacher_calls.py call_key): a built-in
     model's cache folder is named by the built-in, a run's checkpoint by run and version wherever the store or
     its local copy lies, so a moved store still finds its teacher's answers; a folder of the user's is itself."""
+    import shutil
+
     from models.cache import model_identity
+    from models.hf.backend import TransformersBackend
     from models.registry import resolve
     from tasks.strategies.teacher_calls import call_key
 
     assert model_identity(resolve("tiny-random")) == "tiny-random"
     here, there = (str(p / "_checkpoints" / "run_id=r" / "v2") for p in (tmp_path / "a", tmp_path / "b"))
     assert model_identity(here) == model_identity(there) == "run_id=r/v2"
-    assert call_key(f"transformers:{model_identity(here)}", "q") == call_key(f"transformers:{model_identity(there)}", "q")
+    for folder in (here, there):
+        shutil.copytree(resolve("tiny-random"), folder)
+    names = [TransformersBackend(folder, dtype="fp32").name for folder in (here, there, resolve("tiny-random"))]
+    assert names == ["transformers:run_id=r/v2", "transformers:run_id=r/v2", "transformers:tiny-random"]
+    assert call_key(names[0], "q") == call_key(names[1], "q") != call_key(names[2], "q")
     assert model_identity(str(tmp_path / "mine")) == str(tmp_path / "mine")
     assert model_identity("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"

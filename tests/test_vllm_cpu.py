@@ -223,27 +223,19 @@ def test_ray_sharded_collect_on_vllm_workers_writes_the_single_engine_rows(engin
     engine writes for the same config, row for row (keyed sampling: each request carries its row seed, and on
     CPU in fp32 a request's logits do not depend on its batch: test_keyed_sampling_per_request_seeds_on_cpu)."""
     pytest.importorskip("ray")
-    import hashlib
     import os
 
     from test_curriculum import TINY
+    from test_ray_shard import _hashes
 
     from flows.config import load_config
     from flows.curriculum import curriculum
     from models import sharded, vllm_backend
-    from storage.query import sql
     from storage.store import Store
 
     sets = [s for s in TINY if not s.startswith("model.policy=")] + [
         f"model.policy={engine_tiny.path}", "model.backend=vllm", "model.device=cpu", "train.enabled=false",
         "eval.enabled=false", "shape.enabled=false", "refine.strategies=[]"]  # collect (and its LoPE) only
-    columns = ("round, policy_version, prompt_id, sample_idx, prompt_text, completion, reward, n_tokens, "
-               "finish_reason, augmentation, round(mean_logprob, 4) AS lp")
-
-    def rows(root: Path) -> list[str]:
-        got = sql(Store(root), f"SELECT {columns} FROM rollouts ORDER BY ALL").to_pylist()
-        return [hashlib.sha256(repr(sorted(r.items())).encode()).hexdigest()[:16] for r in got]
-
     built = vllm_backend.ENGINES_BUILT
     curriculum(load_config(sets=sets, run_id="one", store=str(tmp_path / "one"), rounds=1))
     try:
@@ -259,7 +251,7 @@ def test_ray_sharded_collect_on_vllm_workers_writes_the_single_engine_rows(engin
     assert len({pid for pid, _ in stats} - {os.getpid()}) == 2 and all(n > 0 for _, n in stats), stats
     assert all(name.startswith("vllm") for name in names), names  # each actor generated on an engine of its own
     assert vllm_backend.ENGINES_BUILT == built  # the flow's own copy stayed on the module's engine
-    one, two = rows(tmp_path / "one"), rows(tmp_path / "two")
+    one, two = (_hashes(Store(tmp_path / side), "rollouts") for side in ("one", "two"))
     assert len(one) > 20 and one == two, f"{len(set(one) ^ set(two))} of {len(one)} rows differ"
 
 

@@ -107,7 +107,7 @@ class TransformersBackend:
 
         if dtype not in ("auto", "bf16", "fp32"):
             raise ValueError(f"dtype must be auto, bf16 or fp32, got {dtype!r}")
-        self.name = f"transformers:{model_identity(model_path)}"  # the same wherever the weights are (registry)
+        self.name = f"transformers:{model_identity(model_path)}"  # the same wherever the weights are (models/cache.py)
         self.device, self.dtype, self.batch_size = device, dtype, batch_size
         self.decode_steps = 0  # decode forwards run so far (one token per row): what a step of the loop costs
         self.score_chunk_tokens = score_chunk_tokens

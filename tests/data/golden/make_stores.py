@@ -38,14 +38,14 @@ def scrub(root: Path) -> int:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from models.cache import BUILT_IN
-    from models.registry import resolve
+    from models.cache import BUILT_IN, model_identity
 
-    cache = {resolve(name): name for name in BUILT_IN}
     own = str(root.resolve() / "_checkpoints") + "/"
 
     def path(value: str) -> str:
-        return cache.get(value) or (value.replace(own, "_checkpoints/", 1) if value.startswith(own) else value)
+        if value.startswith(own):
+            return value.replace(own, "_checkpoints/", 1)
+        return model_identity(value) if model_identity(value) in BUILT_IN else value
 
     def config(value: str) -> str:
         return json.dumps({k: v for k, v in json.loads(value).items() if k != "store"})
