@@ -117,8 +117,11 @@ def test_only_new_objects_freezes_what_exists_and_collects_what_the_block_makes(
         cycle = Node()
         cycle.me = cycle
         gone = weakref.ref(cycle)
-        with only_new_objects():  # a stage inside the flow
-            assert gc.get_freeze_count() == frozen
+        with only_new_objects():  # a stage inside the flow: it freezes nothing the outer block made
+            # (the count itself may fall: a frozen object still frees itself by reference counting, e.g. a
+            # test worker's, so CI's xdist worker saw 925961 after 926003)
+            assert gc.get_freeze_count() <= frozen
+            assert any(o is cycle for o in gc.get_objects())  # still in a collected generation, not frozen
         del cycle
         release_memory()
         assert gone() is None
