@@ -142,7 +142,7 @@ def design(planned, missing, seeds_text: str, sets, config: Path, datasets: list
 
 def estimate(store, planned, config: str, shared: list[str]) -> list[str]:
     """What the planned runs not finished yet would cost (issue 49, item 7): each runs to its token budget
-    (`max_generated_tokens`; a run overshoots by up to a round), plus evaluation at the share and in the
+    (`max_generated_tokens`; its last round is fitted to what is left, tasks/core/budget.py), plus evaluation at the share and in the
     seconds per generated token that this store's finished runs of the plan had. A rough guide before `--run`;
     the page prints what the runs did cost."""
     import polars as pl

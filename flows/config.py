@@ -41,8 +41,9 @@ class RunConfig(Section):
     store: str | None = Field(None, description="store root; default $REFINERY_STORE or ./refinery-store")
     max_generated_tokens: int | None = Field(None, ge=1, description="token budget: no round starts once the "
                                              "run's generated tokens (rollouts, discarded ones, LoPE, teacher "
-                                             "answers, MCMC proposals; evaluation not counted) reach this; "
-                                             "`rounds` stays the upper bound")
+                                             "answers, MCMC proposals; evaluation not counted) reach this, and "
+                                             "the round that would cross it selects only the prompts that fit "
+                                             "(tasks/core/budget.py); `rounds` stays the upper bound")
     pool: PoolConfig = Field(default_factory=PoolConfig, description="the prompt sources of round 0")
     model: ModelConfig = Field(default_factory=ModelConfig, description="the policy model and where it runs")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="sampling of the G rollouts per "

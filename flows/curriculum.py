@@ -16,9 +16,11 @@ Choices, and why:
   from the store) and publishes Prefect artifacts: a keyed table per round and a markdown summary.
 - `max_generated_tokens` (a token budget, for comparisons at equal compute): before each round the flow sums
   the run's `generated_tokens` of the earlier rounds (evaluation excluded: tasks/reporting/budget.py, the sum
-  the end-of-run summary prints too) and stops once they reach it; the
-  round that crosses the budget runs to its end, so a run overshoots by less than one round. The run is then
-  `completed` with the reason in `runs.reason`; raising the budget (or `rounds`) and resuming continues.
+  the end-of-run summary prints too) and stops once they reach it. The round whose full batch would cross it
+  selects only the prompts that fit what is left, at the round before's tokens per pick, and is the last
+  (tasks/core/budget.py), so a run ends within about half a prompt's tokens of its budget instead of up to a
+  round past it (with selector `all`, which has no batch, the crossing round still runs whole). The run is
+  then `completed` with the reason in `runs.reason`; raising the budget (or `rounds`) and resuming continues.
 - Selection (k-means over prompt embeddings, weighted by last round's EPS) picks each round's batch from
   the active pool; selector 'all' collects the whole pool instead.
 """
@@ -39,12 +41,13 @@ from models.memory import only_new_objects
 from storage.runs import mark, run_lock, stored_config
 from storage.store import Store
 from tasks.collect import collect_task
+from tasks.core.budget import Fit, fitted_batches
 from tasks.evaluate import due, evaluate_task
 from tasks.govern import govern_task, held_sections
 from tasks.pool import pool_task
 from tasks.refine import asks_the_policy, refine_task
 from tasks.report import publish_round_artifacts, report_task
-from tasks.reporting.budget import spent_tokens
+from tasks.reporting.budget import spent_tokens, tokens_by_round
 from tasks.score import score_task
 from tasks.select import select_task
 from tasks.selectors import selector
@@ -84,9 +87,8 @@ def _rounds(config: RunConfig, store: Store) -> dict:
         refine_asks_policy = bool(config.refine.strategies) and asks_the_policy(config.refine, config.teacher)
         for r in range(config.rounds):
             spent = spent_tokens(store, config.run_id, before_round=r)
-            if config.max_generated_tokens is not None and spent >= config.max_generated_tokens:
-                budget = (f"token budget reached: {spent} generated tokens in rounds 0-{r - 1} >= "
-                          f"max_generated_tokens {config.max_generated_tokens}; stopped before round {r}")
+            fit, budget = budget_fit(store, config, r, spent)
+            if budget is not None:
                 log.info(budget)
                 break
             first = len(stages)
@@ -107,9 +109,14 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             held = held_sections(store, config.run_id, r, {"rollout": config.rollout, "shape": config.shape,
                                                            "refine": config.refine})
             selecting = not selector(config.select.selector).whole_pool  # `all`: collect reads the pool
+            picking = config.select
+            if fit.batch != config.select.batch_size:
+                picking = config.select.model_copy(update={"batch_size": fit.batch})
+                log.info("round %d: the token budget's last round: %d of %d prompts fit the %d tokens left",
+                         r, fit.batch, config.select.batch_size, config.max_generated_tokens - spent)
             if selecting:
-                finished(stages, select_task(ctx, config.select, config.rollout.include_reserve))
-            finished(stages, collect_task(ctx, held["rollout"], config.reward, config.select, selecting))
+                finished(stages, select_task(ctx, picking, config.rollout.include_reserve))
+            finished(stages, collect_task(ctx, held["rollout"], config.reward, picking, selecting))
             finished(stages, score_task(ctx, config.utility))
             if config.refine.strategies and r + 1 < config.rounds:  # children of the last round would never run
                 finished(stages, refine_task(ctx, held["refine"], config.teacher))
@@ -118,7 +125,7 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             if config.train.enabled:
                 finished(stages, train_task(ctx, config.train, config.rollout))
             if config.eval.enabled:
-                finished(stages, *evaluation(store, config, ctx, spent))
+                finished(stages, *evaluation(store, config, ctx, spent, fit.last))
             finished(stages, report_task(ctx))
             publish_round_artifacts(store, config.run_id, r, stages[first:])
             if config.train.keep_checkpoints == "evaluated":  # after the round's evaluation: never a version it reads
@@ -134,15 +141,42 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             "seconds": time.perf_counter() - t0, **({"stopped": budget} if budget else {})}
 
 
-def evaluation(store: Store, config: RunConfig, ctx: RoundContext, spent: int) -> list[dict]:
+def budget_fit(store: Store, config: RunConfig, r: int, spent: int) -> tuple[Fit, str | None]:
+    """Round r's fit to the token budget (tasks/core/budget.py: B prompts, fewer in the budget's last round),
+    and why the run stops before it, if it does. Without a budget, or with a selector that collects the whole
+    pool (`all`: no batch to fit), every round gets B and the run stops only once the budget is reached."""
+    full, cap = Fit(config.select.batch_size, False), config.max_generated_tokens
+    if cap is None:
+        return full, None
+    reached = (f"token budget reached: {spent} generated tokens in rounds 0-{r - 1} >= max_generated_tokens "
+               f"{cap}; stopped before round {r}")
+    if selector(config.select.selector).whole_pool:
+        return full, reached if spent >= cap else None
+    fits = fitted_batches(tokens_by_round(store, config.run_id, r), cap, config.select.batch_size)
+    if spent >= cap:
+        return fits[r], reached
+    if fits[r].batch == 0:
+        why = (f"round {r - 1} was the token budget's last" if fits[r - 1].last else
+               f"the {cap - spent} tokens left of max_generated_tokens {cap} buy less than half a prompt")
+        return fits[r], (f"token budget reached: {why} ({spent} generated tokens in rounds 0-{r - 1}); "
+                         f"stopped before round {r}")
+    return fits[r], None
+
+
+def evaluation(store: Store, config: RunConfig, ctx: RoundContext, spent: int, fitted_last: bool = False
+               ) -> list[dict]:
     """The round's evaluate stage, if it is due (tasks/evaluate.py `due`: every round, or a milestone the round
-    reached, or the run's end; round 0 always scores the base model, milestone 0): its summary, or nothing.
-    The new checkpoint's weights are wanted only when it is due (else retention may have deleted them)."""
+    reached, or the run's end: its last round, the budget's last included, which reaches the budget's
+    milestone; round 0 always scores the base model, milestone 0): its summary, or nothing. The new checkpoint's weights are wanted only when it is due
+    (else retention may have deleted them)."""
     r, base = ctx.round, config.model.policy
     after = spent_tokens(store, config.run_id, before_round=r + 1)
-    last = r + 1 == config.rounds or (config.max_generated_tokens is not None
-                                      and after >= config.max_generated_tokens)
-    now, mark = due(config.eval, spent, after, last)
+    last = fitted_last or r + 1 == config.rounds or (config.max_generated_tokens is not None
+                                                     and after >= config.max_generated_tokens)
+    # the budget's last round was sized to end at the budget: it reaches the budget's milestone even where it
+    # came in a few tokens short (the checkpoint still records the tokens it had)
+    reached = max(after, config.max_generated_tokens) if fitted_last else after
+    now, mark = due(config.eval, spent, reached, last)
     new = policy_for_round(store, config.run_id, r + 1, base, need_weights=now)
     versions = [(0, base)] if r == 0 and new[0] != 0 else []
     at = {0: (0, 0), new[0]: (mark, after) if new[0] else (0, 0)}  # the base model is milestone 0

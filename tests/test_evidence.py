@@ -502,7 +502,10 @@ def test_the_seed_test_strata_budgets_and_pairs_match_a_direct_computation(miles
                      .select("run_id", "round").unique())
         assert f.rounds == collected.collect().height / len(ids)
         spent = scan(store, "generated_tokens").filter(pl.col("run_id").is_in(ids) & (pl.col("purpose") != "eval"))
-        assert f.tokens == pytest.approx(spent.collect()["tokens"].sum() / len(ids)) and f.tokens >= budget
+        assert f.tokens == pytest.approx(spent.collect()["tokens"].sum() / len(ids))
+        # near the budget, not past it by up to a round: how near is tests/test_budget_fit.py's (here a screened
+        # round of 3 picks cost 489 tokens against 672 for 6: at this size a round's noise is a pick or two)
+        assert abs(f.tokens - budget) < 0.2 * budget
     runs = {(r.arm, r.seed): r.run_id for r in planned}
     x = {k: _at_milestone(store, run, budget)[1] for k, run in runs.items()}
     d = np.array([x["default", s].mean() - x["uniform", s].mean() for s in (0, 1)])

@@ -6,7 +6,8 @@ proposals included) with purpose other than `eval`: evaluation samples are a mea
 part of what it costs, so they never count towards the budget or the figure printed beside it. That rule is
 written here once, in the forms its readers need: `counted` (a polars predicate), `COUNTED_SQL` (for the
 comparison's SQL, tasks/compare/figures.py), `counts` (one purpose); `spent_by_run` sums many runs at once
-(the comparison's matrices, flows/compare.py).
+(the comparison's matrices, flows/compare.py); `tokens_by_round` gives one run's per round (the flow fits the
+budget's last round from them: tasks/core/budget.py).
 """
 
 from __future__ import annotations
@@ -44,3 +45,13 @@ def spent_tokens(store: Store, run_id: str, before_round: int | None = None) -> 
     if before_round is not None:
         rows = rows.filter(pl.col("round") < before_round)
     return int(rows.select(pl.col("tokens").sum()).collect().item() or 0)
+
+
+def tokens_by_round(store: Store, run_id: str, rounds: int) -> list[int]:
+    """Run `run_id`'s generated tokens, evaluation excluded, of each of its rounds 0..rounds-1 (0 for a round
+    with none): what tasks/core/budget.py fits the budget's last round from."""
+    rows = (scan(store, "generated_tokens").filter((pl.col("run_id") == run_id) & counted()
+                                                   & (pl.col("round") < rounds))
+            .group_by("round").agg(pl.col("tokens").sum()).collect())
+    got = dict(zip(rows["round"].to_list(), rows["tokens"].to_list()))
+    return [int(got.get(r) or 0) for r in range(rounds)]
