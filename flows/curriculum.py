@@ -95,7 +95,8 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             # on resume, a round whose train stage landed loads its policy no more (evaluate reads the next one),
             # and keep_checkpoints = evaluated may have deleted its folder; only a pending refine (a resume that
             # raised `rounds` gives the old last round one) whose teacher is the policy still loads it
-            teaching = refine_asks_policy and r + 1 < config.rounds
+            final = fit.last or r + 1 == config.rounds  # the run's last round, unless a resume raises its limit
+            teaching = refine_asks_policy and not final
             done = (config.train.enabled and store.landed(config.run_id, r, "train")
                     and not (teaching and not store.landed(config.run_id, r, "refine")))
             version, spec = policy_for_round(store, config.run_id, r, base, need_weights=not done)
@@ -110,7 +111,7 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                                                            "refine": config.refine})
             selecting = not selector(config.select.selector).whole_pool  # `all`: collect reads the pool
             picking = config.select
-            if fit.batch != config.select.batch_size:
+            if fit.last:
                 picking = config.select.model_copy(update={"batch_size": fit.batch})
                 log.info("round %d: the token budget's last round: %d of %d prompts fit the %d tokens left",
                          r, fit.batch, config.select.batch_size, config.max_generated_tokens - spent)
@@ -118,14 +119,14 @@ def _rounds(config: RunConfig, store: Store) -> dict:
                 finished(stages, select_task(ctx, picking, config.rollout.include_reserve))
             finished(stages, collect_task(ctx, held["rollout"], config.reward, picking, selecting))
             finished(stages, score_task(ctx, config.utility))
-            if config.refine.strategies and r + 1 < config.rounds:  # children of the last round would never run
+            if config.refine.strategies and not final:  # children of the last round would never run
                 finished(stages, refine_task(ctx, held["refine"], config.teacher))
             if config.shape.enabled:
                 finished(stages, shape_task(ctx, held["shape"], config.rollout, config.reward, config.teacher))
             if config.train.enabled:
                 finished(stages, train_task(ctx, config.train, config.rollout))
             if config.eval.enabled:
-                finished(stages, *evaluation(store, config, ctx, spent, fit.last))
+                finished(stages, *evaluation(store, config, ctx, spent))
             finished(stages, report_task(ctx))
             publish_round_artifacts(store, config.run_id, r, stages[first:])
             if config.train.keep_checkpoints == "evaluated":  # after the round's evaluation: never a version it reads
@@ -141,42 +142,56 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             "seconds": time.perf_counter() - t0, **({"stopped": budget} if budget else {})}
 
 
+def budget_fits(store: Store, config: RunConfig, upto: int) -> list[Fit] | None:
+    """The fit of rounds 0..upto to the token budget (tasks/core/budget.py: B prompts, fewer in the budget's
+    last round, 0 after it) from the stored tokens of rounds 0..upto-1; None without a budget, or with a
+    selector that collects the whole pool (`all`: no batch to fit, so the round that reaches the budget is
+    the last)."""
+    if config.max_generated_tokens is None or selector(config.select.selector).whole_pool:
+        return None
+    return fitted_batches(tokens_by_round(store, config.run_id, upto), config.max_generated_tokens,
+                          config.select.batch_size)
+
+
 def budget_fit(store: Store, config: RunConfig, r: int, spent: int) -> tuple[Fit, str | None]:
-    """Round r's fit to the token budget (tasks/core/budget.py: B prompts, fewer in the budget's last round),
-    and why the run stops before it, if it does. Without a budget, or with a selector that collects the whole
-    pool (`all`: no batch to fit), every round gets B and the run stops only once the budget is reached."""
+    """Round r's fit to the token budget, and why the run stops before it, if it does."""
     full, cap = Fit(config.select.batch_size, False), config.max_generated_tokens
     if cap is None:
         return full, None
-    reached = (f"token budget reached: {spent} generated tokens in rounds 0-{r - 1} >= max_generated_tokens "
-               f"{cap}; stopped before round {r}")
-    if selector(config.select.selector).whole_pool:
-        return full, reached if spent >= cap else None
-    fits = fitted_batches(tokens_by_round(store, config.run_id, r), cap, config.select.batch_size)
+    fits = budget_fits(store, config, r)
+    fit = fits[r] if fits else full
     if spent >= cap:
-        return fits[r], reached
-    if fits[r].batch == 0:
-        why = (f"round {r - 1} was the token budget's last" if fits[r - 1].last else
-               f"the {cap - spent} tokens left of max_generated_tokens {cap} buy less than half a prompt")
-        return fits[r], (f"token budget reached: {why} ({spent} generated tokens in rounds 0-{r - 1}); "
-                         f"stopped before round {r}")
-    return fits[r], None
+        return fit, (f"token budget reached: {spent} generated tokens in rounds 0-{r - 1} >= max_generated_tokens "
+                     f"{cap}; stopped before round {r}")
+    if fit.batch > 0:
+        return fit, None
+    lasts = [k for k in range(r) if fits[k].last and fits[k].batch > 0]
+    why = (f"round {lasts[-1]} was the token budget's last" if lasts else
+           f"the {cap - spent} tokens left of max_generated_tokens {cap} buy less than half a prompt")
+    return fit, f"token budget reached: {why} ({spent} generated tokens in rounds 0-{r - 1}); stopped before round {r}"
 
 
-def evaluation(store: Store, config: RunConfig, ctx: RoundContext, spent: int, fitted_last: bool = False
-               ) -> list[dict]:
+def budget_ends(store: Store, config: RunConfig, r: int, after: int) -> bool:
+    """Whether the token budget ends the run after round r (whose tokens have landed, `after` in all): it
+    reached the budget, or was the budget's last, or left less than half a prompt's tokens for the next."""
+    if config.max_generated_tokens is None:
+        return False
+    fits = budget_fits(store, config, r + 1)
+    return after >= config.max_generated_tokens or (fits is not None and fits[r + 1].batch == 0)
+
+
+def evaluation(store: Store, config: RunConfig, ctx: RoundContext, spent: int) -> list[dict]:
     """The round's evaluate stage, if it is due (tasks/evaluate.py `due`: every round, or a milestone the round
-    reached, or the run's end: its last round, the budget's last included, which reaches the budget's
-    milestone; round 0 always scores the base model, milestone 0): its summary, or nothing. The new checkpoint's weights are wanted only when it is due
-    (else retention may have deleted them)."""
+    reached, or the run's end: its last round, or the last the token budget allows, which counts as reaching
+    the budget's milestone; round 0 always scores the base model, milestone 0): its summary, or nothing.
+    The new checkpoint's weights are wanted only when it is due (else retention may have deleted them)."""
     r, base = ctx.round, config.model.policy
     after = spent_tokens(store, config.run_id, before_round=r + 1)
-    last = fitted_last or r + 1 == config.rounds or (config.max_generated_tokens is not None
-                                                     and after >= config.max_generated_tokens)
+    ends = budget_ends(store, config, r, after)
     # the budget's last round was sized to end at the budget: it reaches the budget's milestone even where it
-    # came in a few tokens short (the checkpoint still records the tokens it had)
-    reached = max(after, config.max_generated_tokens) if fitted_last else after
-    now, mark = due(config.eval, spent, reached, last)
+    # came in a few tokens short (its row still records the tokens it had)
+    reached = max(after, config.max_generated_tokens) if ends else after
+    now, mark = due(config.eval, spent, reached, ends or r + 1 == config.rounds)
     new = policy_for_round(store, config.run_id, r + 1, base, need_weights=now)
     versions = [(0, base)] if r == 0 and new[0] != 0 else []
     at = {0: (0, 0), new[0]: (mark, after) if new[0] else (0, 0)}  # the base model is milestone 0

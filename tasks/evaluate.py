@@ -14,8 +14,9 @@ are plain (no few-shot, no LoPE).
 
 When (`milestone_tokens`, the curriculum flow decides with `due`): with M > 0 a round's new checkpoint is
 evaluated when the run's generated tokens (evaluation excluded) first reach or cross a multiple of M in that
-round, and at the run's end (its last round, or the round that reaches max_generated_tokens); the base model is
-milestone 0. With M = 0 every round's checkpoint is evaluated. Each `evals` row records its `milestone` (the
+round, and at the run's end (its last round, or the last round the token budget allows: flows/curriculum.py
+`budget_ends`, which counts as reaching the budget, so its `milestone` may exceed its `generated_tokens` by the
+few tokens the fitted round came in short); the base model is milestone 0. With M = 0 every round's checkpoint is evaluated. Each `evals` row records its `milestone` (the
 multiple k * M it reached, 0 for the base model; null at a run's end that reached none) and the run's
 `generated_tokens` before it; with M = 0 both stay null, as rows were written before milestones (the round is
 the milestone, and the comparison sums the rounds' tokens). Every checkpoint is kept (nothing prunes checkpoints), so a milestone's policy

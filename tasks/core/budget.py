@@ -14,8 +14,13 @@ Choices, and why:
 - A fitted round is the last even if it comes in under the budget, so a run never ends in a dribble of
   one-prompt rounds, each paying for its own evaluation and report.
 - The batches are recomputed from the stored tokens of every round (pure: `fitted_batches`), so a resumed run
-  fits the same round alike. A resume that raises the budget recomputes a fitted round's batch as B, so the
-  next round's cost per pick reads low; it matters only when that round is again near the budget.
+  fits the same round alike. A resume that changes the budget recomputes the earlier rounds' batches under
+  the new one: a fitted round recomputed as B makes the next round's cost per pick read low, and a raise
+  smaller than the rest of a round can leave the old last round last (the run then stops with tokens left).
+  The divisor is the batch asked for, not the picks landed: a pool with fewer active prompts than B makes a
+  pick read cheap, and the fitted round overshoots as rounds did before.
+- A full round that ends within half a pick of the budget leaves the next 0: the flow evaluates it as the
+  run's end (flows/curriculum.py `budget_ends`).
 - The cost of the previous round alone, not a mean over the run: rounds get cheaper as completions shorten
   (26 -> 13 tokens on SmolLM2-135M), so older rounds would overstate it.
 """
