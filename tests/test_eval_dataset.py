@@ -130,9 +130,11 @@ def test_a_token_budget_stops_the_run_and_a_larger_one_resumes_it(prefect_api, s
     (last,) = sql(store, "SELECT status, reason FROM runs WHERE run_id = 'b' ORDER BY created_at DESC LIMIT 1"
                   ).to_pylist()
     assert last == {"status": "completed", "reason": out["stopped"]}
-    # a budget that round 1 crosses: rounds 0 (landed) and 1 run, round 2 does not start
-    out = curriculum(load_config(sets=[*sets, f"max_generated_tokens={spent + 1}"], run_id="b", store=store.root,
-                                 rounds=3))
+    # a budget half a round past round 0: rounds 0 (landed) and 1 (the budget's last, fitted to about half the
+    # batch: tasks/core/budget.py) run, round 2 does not start; spent + 1 would stop before round 1 (one token
+    # buys less than half a prompt)
+    out = curriculum(load_config(sets=[*sets, f"max_generated_tokens={spent + spent // 2}"], run_id="b",
+                                 store=store.root, rounds=3))
     collected = {s["round"] for s in out["stages"] if s.get("stage") == "collect" and "skipped" not in s}
     assert collected == {1} and "stopped before round 2" in out["stopped"]
     assert sql(store, "SELECT DISTINCT round FROM rollouts WHERE run_id = 'b' ORDER BY 1").to_pylist() == [
