@@ -47,7 +47,7 @@ from tasks.govern import govern_task, held_sections
 from tasks.pool import pool_task
 from tasks.refine import asks_the_policy, refine_task
 from tasks.report import publish_round_artifacts, report_task
-from tasks.reporting.budget import spent_tokens, tokens_by_round
+from tasks.reporting.budget import tokens_by_round
 from tasks.score import score_task
 from tasks.select import select_task
 from tasks.selectors import selector
@@ -86,8 +86,9 @@ def _rounds(config: RunConfig, store: Store) -> dict:
         base = config.model.policy
         refine_asks_policy = bool(config.refine.strategies) and asks_the_policy(config.refine, config.teacher)
         for r in range(config.rounds):
-            spent = spent_tokens(store, config.run_id, before_round=r)
-            fit, budget = budget_fit(store, config, r, spent)
+            tokens = tokens_by_round(store, config.run_id, r)  # one read: the budget's sum and its fit
+            spent = sum(tokens)
+            fit, budget = budget_fit(config, tokens)
             if budget is not None:
                 log.info(budget)
                 break
@@ -142,24 +143,24 @@ def _rounds(config: RunConfig, store: Store) -> dict:
             "seconds": time.perf_counter() - t0, **({"stopped": budget} if budget else {})}
 
 
-def budget_fits(store: Store, config: RunConfig, upto: int) -> list[Fit] | None:
-    """The fit of rounds 0..upto to the token budget (tasks/core/budget.py: B prompts, fewer in the budget's
-    last round, 0 after it) from the stored tokens of rounds 0..upto-1; None without a budget, or with a
-    selector that collects the whole pool (`all`: no batch to fit, so the round that reaches the budget is
-    the last)."""
+def budget_fits(config: RunConfig, tokens: list[int]) -> list[Fit] | None:
+    """The fit of rounds 0..len(tokens) to the token budget (tasks/core/budget.py: B prompts, fewer in the
+    budget's last round, 0 after it) from the counted tokens of the rounds before (`tokens_by_round`); None
+    without a budget, or with a selector that collects the whole pool (`all`: no batch to fit, so the round
+    that reaches the budget is the last)."""
     if config.max_generated_tokens is None or selector(config.select.selector).whole_pool:
         return None
-    return fitted_batches(tokens_by_round(store, config.run_id, upto), config.max_generated_tokens,
-                          config.select.batch_size)
+    return fitted_batches(tokens, config.max_generated_tokens, config.select.batch_size)
 
 
-def budget_fit(store: Store, config: RunConfig, r: int, spent: int) -> tuple[Fit, str | None]:
-    """Round r's fit to the token budget, and why the run stops before it, if it does."""
-    full, cap = Fit(config.select.batch_size, False), config.max_generated_tokens
+def budget_fit(config: RunConfig, tokens: list[int]) -> tuple[Fit, str | None]:
+    """The fit of the round after `tokens` (the counted tokens of rounds 0..r-1) to the token budget, and why
+    the run stops before it, if it does."""
+    r, spent, cap = len(tokens), sum(tokens), config.max_generated_tokens
+    fits = budget_fits(config, tokens)
+    fit = fits[r] if fits is not None else Fit(config.select.batch_size, False)
     if cap is None:
-        return full, None
-    fits = budget_fits(store, config, r)
-    fit = fits[r] if fits else full
+        return fit, None
     if spent >= cap:
         return fit, (f"token budget reached: {spent} generated tokens in rounds 0-{r - 1} >= max_generated_tokens "
                      f"{cap}; stopped before round {r}")
@@ -171,13 +172,13 @@ def budget_fit(store: Store, config: RunConfig, r: int, spent: int) -> tuple[Fit
     return fit, f"token budget reached: {why} ({spent} generated tokens in rounds 0-{r - 1}); stopped before round {r}"
 
 
-def budget_ends(store: Store, config: RunConfig, r: int, after: int) -> bool:
-    """Whether the token budget ends the run after round r (whose tokens have landed, `after` in all): it
-    reached the budget, or was the budget's last, or left less than half a prompt's tokens for the next."""
+def budget_ends(config: RunConfig, tokens: list[int]) -> bool:
+    """Whether the token budget ends the run after the rounds of `tokens` (their counted tokens, all landed):
+    the last reached the budget, or was the budget's last, or left less than half a prompt for the next."""
     if config.max_generated_tokens is None:
         return False
-    fits = budget_fits(store, config, r + 1)
-    return after >= config.max_generated_tokens or (fits is not None and fits[r + 1].batch == 0)
+    fits = budget_fits(config, tokens)
+    return fits[-1].batch == 0 if fits is not None else sum(tokens) >= config.max_generated_tokens
 
 
 def evaluation(store: Store, config: RunConfig, ctx: RoundContext, spent: int) -> list[dict]:
@@ -186,8 +187,9 @@ def evaluation(store: Store, config: RunConfig, ctx: RoundContext, spent: int) -
     the budget's milestone; round 0 always scores the base model, milestone 0): its summary, or nothing.
     The new checkpoint's weights are wanted only when it is due (else retention may have deleted them)."""
     r, base = ctx.round, config.model.policy
-    after = spent_tokens(store, config.run_id, before_round=r + 1)
-    ends = budget_ends(store, config, r, after)
+    tokens = tokens_by_round(store, config.run_id, r + 1)
+    after = sum(tokens)
+    ends = budget_ends(config, tokens)
     # the budget's last round was sized to end at the budget: it reaches the budget's milestone even where it
     # came in a few tokens short (its row still records the tokens it had)
     reached = max(after, config.max_generated_tokens) if ends else after

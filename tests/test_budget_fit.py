@@ -73,17 +73,6 @@ def test_a_budgeted_run_ends_at_its_budget_evaluated_and_resumes_alike(prefect_a
     assert _per_round(store, "generated_tokens", "fit") == tokens
 
 
-def _round_tokens(store, per_round: list[int]) -> None:
-    import pyarrow as pa
-
-    from storage.schemas import TABLES
-
-    for rnd, tokens in enumerate(per_round):
-        store.commit(f"t-{rnd}", {"generated_tokens": pa.Table.from_pylist(
-            [{"run_id": "r", "round": rnd, "stage": "collect", "purpose": "rollout", "calls": 1, "completions": 1,
-              "tokens": tokens}], schema=TABLES["generated_tokens"])}, run_id="r", round=rnd)
-
-
 @pytest.mark.parametrize("budget,ends,why", [
     (1630, True, "the 30 tokens left of max_generated_tokens 1630 buy less than half a prompt"),
     (1700, False, None),  # 100 left buys one pick of 100: round 2 runs, 1 prompt, and is the last
@@ -92,12 +81,17 @@ def test_a_round_that_leaves_less_than_half_a_pick_ends_the_run_and_is_evaluated
                                                                                             why):
     """Round 1 ends within half a pick of the budget: no round follows, so round 1 is the run's end (the flow
     evaluates its checkpoint as the run's last), and the run stops before round 2 saying why."""
-    from flows.curriculum import budget_ends, budget_fit
+    from test_round_summary import _tokens
 
-    _round_tokens(store, [800, 800])  # 100 tokens per pick of 8
+    from flows.curriculum import budget_ends, budget_fit
+    from tasks.reporting.budget import tokens_by_round
+
+    _tokens(store, [(0, "rollout", 800), (1, "rollout", 800), (1, "eval", 5000)])  # 100 tokens per pick of 8
+    tokens = tokens_by_round(store, "r", 2)
+    assert tokens == [800, 800]  # evaluation never counts
     cfg = load_config(sets=[*SETS, f"max_generated_tokens={budget}"], run_id="r", store=store.root)
-    assert budget_ends(store, cfg, 1, 1600) is ends
-    fit, stop = budget_fit(store, cfg, 2, 1600)
+    assert budget_ends(cfg, tokens) is ends
+    fit, stop = budget_fit(cfg, tokens)
     assert (stop is not None) is ends and (why is None or why in stop), stop
     if not ends:
         assert fit == Fit(1, True)
