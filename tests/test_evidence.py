@@ -588,6 +588,30 @@ def test_the_external_set_is_scored_at_the_budget_milestone_and_read_there(miles
 
 
 @pytest.mark.slow
+def test_the_component_yields_are_the_governors_per_round_means(milestoned):
+    """The page's component table against the `governor` rows directly: per arm and component, tokens per run
+    and the means of its and plain rollouts' yields over the rounds it generated in; `uniform` spends nothing
+    on top of plain rollouts, so it has no line."""
+    store, planned, *_ = milestoned
+    page = markdown(build(store, "ev", planned, ["ext"]), ["ext"], "# header", "## design")
+    section = page[page.index("### What each token-spending component made"):]
+    section = section[:section.index("\n#")]
+    gov = pl.from_arrow(sql(store, "SELECT * FROM governor WHERE starts_with(run_id, 'ev-default-')"))
+    active = gov.filter(pl.col("tokens") > 0)
+    assert active.height  # the scripted default arm refines, shapes or tops up
+    short = []
+    for (component,), rows in active.group_by("component"):
+        own, base = rows["yield_per_1k"].mean(), rows["baseline_per_1k"].mean()
+        below = int((rows["yield_per_1k"] < rows["baseline_per_1k"]).sum())
+        throttled = gov.filter((pl.col("component") == component) & pl.col("throttled")).height
+        assert (f"| `default` | {component} | {rows['tokens'].sum() / 2:.0f} | {own:.1f} | {base:.1f} | "
+                f"{below} / {rows.height} | {throttled} |") in section
+        short += [component] if own < base else []
+    assert "| `uniform` |" not in section
+    assert section.count("`default`'s ") == len(short) and ("none." in section) == (not short)
+
+
+@pytest.mark.slow
 def test_evidence_json_for_the_calibration_arms(milestoned, tmp_path, capsys):
     evidence = _evidence_script()
     store, planned, sets, design, data = milestoned

@@ -25,6 +25,12 @@ with the comparison's prefix; docs/evidence.md prints the same queries, so each 
 - `TOKENS`: generated tokens by purpose (rollout, lope, teacher, mcmc, rescore, eval).
 - `TRAINED`: optimizer steps and the tokens they stepped on, per run (beside generated tokens; prefill is not
   recorded anywhere).
+- `YIELDS`: what each token-spending component on top of plain rollouts (LoPE, shaping, refinement, the
+  posterior's top-ups) made per 1k of its tokens, beside plain rollouts' yield in the same rounds, as the budget
+  governor measured them (`governor`, tasks/core/governor.py): per run and component, the rounds it generated
+  in, its tokens and training rows there, the sums of its and the baseline's per-round yields over those rounds
+  (the page prints their means), the rounds it fell below the baseline and the rounds it ran throttled. The
+  governor measures a round when it decides the next, so a run's last round is not in it.
 
 `arm_at` gives an arm's [seeds, prompts] pass@1 at a budget on one axis (tasks/core/curves.py), from which
 tasks/core/stats.py gives the mean, its interval and paired differences.
@@ -123,6 +129,17 @@ WHERE starts_with(run_id, '{prefix}') GROUP BY ALL ORDER BY run_id
 """.strip()
 
 
+# the budget governor's measurements: one row per run and component; a round counts where the component generated
+YIELDS = """
+SELECT run_id, component, count(*) FILTER (WHERE tokens > 0) AS rounds_active, sum(tokens) AS tokens,
+       sum(rows) AS rows, sum(yield_per_1k) FILTER (WHERE tokens > 0) AS yield_sum,
+       sum(baseline_per_1k) FILTER (WHERE tokens > 0) AS baseline_sum,
+       count(*) FILTER (WHERE tokens > 0 AND yield_per_1k < baseline_per_1k) AS rounds_below,
+       count(*) FILTER (WHERE throttled) AS rounds_throttled
+FROM governor WHERE starts_with(run_id, '{prefix}') GROUP BY ALL ORDER BY run_id, component
+""".strip()
+
+
 def query(name: str, prefix: str, split: str = "heldout") -> str:
     """The text of query `name` for runs whose ids start with `prefix`- (names are checked, so the text
     needs no escaping)."""
@@ -130,7 +147,8 @@ def query(name: str, prefix: str, split: str = "heldout") -> str:
     if split != "heldout":
         check_name("split", split.removeprefix("dataset:"))
     return {"CHECKPOINTS": CHECKPOINTS, "PASS": PASS, "GROUPS": GROUPS, "DISCARDED": DISCARDED,
-            "TOKENS": TOKENS, "RUNTIME": RUNTIME, "TRAINED": TRAINED}[name].format(prefix=f"{prefix}-", split=split)
+            "TOKENS": TOKENS, "RUNTIME": RUNTIME, "TRAINED": TRAINED,
+            "YIELDS": YIELDS}[name].format(prefix=f"{prefix}-", split=split)
 
 
 def frame(store: Store, name: str, prefix: str, split: str = "heldout") -> pl.DataFrame:

@@ -69,6 +69,7 @@ class Evidence:
     without_never_solved: dict = field(default_factory=dict)  # arm -> (pass@1, vs base) without never-solved strata
     external_at: dict[str, str] = field(default_factory=dict)  # dataset -> 'matched' | 'last' checkpoint read
     design_budgets: list[int] = field(default_factory=list)
+    yields: pl.DataFrame | None = None  # `YIELDS` rows of the page's runs: the governor's measurements
 
 
 def _paired(a_curves, b_curves, a_seeds, b_seeds, axis, budget) -> tuple[Interval | None, float]:
@@ -150,6 +151,7 @@ def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), ba
     stages = stage_seconds(store, list(curves))
     for run_id, c in curves.items():
         c.costs["work_seconds"] = [work_seconds(stages[run_id], v) for v in c.versions]
+    yields = frame(store, "YIELDS", prefix).filter(pl.col("run_id").is_in(list(curves)))
     trained = dict(frame(store, "TRAINED", prefix).select("run_id", "train_tokens").iter_rows())
     at_tokens = {f.arm: arm_at([curves[i] for i in f.run_ids], "tokens", budgets["tokens"]) for f in out}
     prompt_ids = next(iter(curves.values())).prompt_ids
@@ -164,7 +166,7 @@ def build(store: Store, prefix: str, planned: list, datasets: list[str] = (), ba
                     strata=strata, external_at={name: how for name, (_, how) in chosen.items()},
                     without_never_solved=(totals_without(at_tokens, {f.arm: f.seeds for f in out}, base_arm, keep)
                                           if not keep.all() else {}),
-                    design_budgets=list(design_budgets))
+                    design_budgets=list(design_budgets), yields=yields)
 
 
 # ---- the page ------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The page's sections for issue 49's figures (tasks/compare/decide.py, strata.py, timing.py): the seed-level
 test beside the bootstrap with its power line, held-out pass@1 per stratum with never-solved strata flagged,
 pass@1 at the design's budgets and the area under the curve, matched steps and seconds per pair of arms, and
-training tokens beside generated ones; and the page's cost and SQL sections. Each reads one `Evidence`
+training tokens beside generated ones, what each token-spending component made against plain rollouts (the
+budget governor's figures); and the page's cost and SQL sections. Each reads one `Evidence`
 (tasks/compare/page.py) and returns lines.
 """
 
@@ -133,9 +134,46 @@ def token_lines(ev) -> list[str]:
     return lines
 
 
+UNITS = {"lope": "rows of rescued groups", "shape": "verified shaped traces", "refine": "accepted refinements",
+         "topup": "rows of top-ups that came out mixed"}  # what the governor counts as a component's rows
+
+
+def yield_lines(ev) -> list[str]:
+    """Per arm and component that spent tokens on top of plain rollouts: its tokens per run and its yield beside
+    plain rollouts' in the same rounds (means of the governor's per-round figures), the rounds it fell below and
+    the rounds it ran throttled; then the components whose mean yield fell below the baseline's. None without
+    governor rows (runs made before the governor) or where no component generated anything."""
+    rows = ev.yields
+    if rows is None or rows.height == 0 or not (rows["rounds_active"] > 0).any():
+        return []
+    lines = ["### What each token-spending component made (the budget governor's measurements)", "",
+             "Training rows per 1k generated tokens of each component on top of plain rollouts, beside plain "
+             "rollouts' rows per 1k collect tokens (rows of informative groups) in the same rounds, as the "
+             "governor measured them before deciding each next round (tasks/core/governor.py; its last round is "
+             "not measured): means over the rounds the component generated in. A component's rows are: "
+             + "; ".join(f"{c}, {u}" for c, u in UNITS.items()) + ". Tokens are per run over the measured rounds.",
+             "", "| arm | component | tokens per run | its rows per 1k | plain rollouts' rows per 1k "
+             "| rounds below / generating | rounds throttled |", "|---|---|---|---|---|---|---|"]
+    short = []
+    for f in ev.arms:
+        mine = rows.filter(rows["run_id"].is_in(f.run_ids))
+        for component in sorted(set(mine["component"])):
+            c = mine.filter(mine["component"] == component)
+            active = int(c["rounds_active"].sum())
+            if not active:
+                continue
+            own, base = float(c["yield_sum"].sum()) / active, float(c["baseline_sum"].sum()) / active
+            lines.append(f"| `{f.arm}` | {component} | {float(c['tokens'].sum()) / len(f.run_ids):.0f} | {own:.1f} | "
+                         f"{base:.1f} | {int(c['rounds_below'].sum())} / {active} | {int(c['rounds_throttled'].sum())} |")
+            if own < base:
+                short.append(f"`{f.arm}`'s {component} ({own:.1f} against {base:.1f})")
+    lines += ["", "Below plain rollouts' yield on average: " + (", ".join(short) if short else "none") + "."]
+    return lines
+
+
 def sections(ev) -> list[str]:
     out = []
-    for part in (seed_lines, strata_lines, budget_lines, pair_lines, token_lines):
+    for part in (seed_lines, strata_lines, budget_lines, pair_lines, token_lines, yield_lines):
         out += [*part(ev), ""]
     return out
 
@@ -171,7 +209,8 @@ def sql_section(prefix: str, datasets: list[str], first_run: str | None = None) 
                        ("DISCARDED", "discarded rollouts per run"),
                        ("TOKENS", "generated tokens per run and purpose"),
                        ("RUNTIME", "wall-clock seconds per run"),
-                       ("TRAINED", "optimizer steps and training tokens per run")]:
+                       ("TRAINED", "optimizer steps and training tokens per run"),
+                       ("YIELDS", "each token-spending component's yield beside plain rollouts', per run")]:
         parts += ["", f"{what} (`{name}`):", "", "```sql", query(name, prefix), "```"]
     if first_run:
         parts += ["", "each held-out prompt's stratum (`STRATA`, tasks/compare/strata.py; where `stratum` is null, "
