@@ -174,7 +174,8 @@ def yield_lines(ev) -> list[str]:
 def sections(ev) -> list[str]:
     out = []
     for part in (seed_lines, strata_lines, budget_lines, pair_lines, token_lines, yield_lines):
-        out += [*part(ev), ""]
+        lines = part(ev)
+        out += [*lines, ""] if lines else []  # a section with nothing to show leaves no blank line either
     return out
 
 
