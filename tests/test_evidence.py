@@ -670,7 +670,7 @@ def test_the_readme_evidence_paragraph_quotes_the_page():
 @pytest.mark.slow
 @pytest.mark.parametrize("page,store,arms,datasets,line", [
     ("evidence-v1.md", "evidence", None, ["reasoning_gym_ood"], "| `refinery` | 3 | -0.059, -0.119, -0.127 |"),
-    ("evidence.md", "evidence-v2", (["uniform", "default"], 4), ["reasoning_gym_ood", "in_family_harder"],
+    ("evidence-v2.md", "evidence-v2", (["uniform", "default"], 4), ["reasoning_gym_ood", "in_family_harder"],
      "| `default` | 4 | +0.007, -0.035, +0.030, +0.002 |")])
 def test_the_committed_stores_regenerate_the_committed_pages_figures(page, store, arms, datasets, line):
     """Each committed page's verdict and every table are what its committed store gives today (README's
