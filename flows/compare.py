@@ -15,8 +15,9 @@ of the shared ones. The built-in arms:
   (`rollout.lope_prefixes=0`). Under benchmarks/evidence.toml it runs the same config as `no_lope`; it is
   its own arm so that it follows the defaults when they change (tests/test_compare.py checks its values
   against RunConfig's);
-- `default_thompson`, `default_replay`: the default plus one part built but off (Thompson selection; replay at a
-  quarter of the training rows): the candidates issue 50 item 7 decides between.
+- `default_thompson`, `default_replay`, `default_stratified`: the default plus one part built but off (Thompson
+  selection; replay at a quarter of the training rows; screening's refills stratified by pass-rate bin,
+  tasks/core/screening.py): the candidates issue 50 item 7 decides between.
 Seed s sets the sampling, selection, shaping and training seeds of every arm alike (`rollout.seed`,
 `select.seed`, `shape.seed`, `train.seed`), so arms pair by seed; the pool's and the evaluation's seeds stay
 shared, so every run draws the same pool and holds out the same prompts. Run ids are
@@ -49,6 +50,7 @@ ARMS: dict[str, list[str]] = {
     "default": ["rollout.lope_prefixes=0"],  # the shipped value of each non-design pin of benchmarks/evidence.toml
     "default_thompson": ["rollout.lope_prefixes=0", "select.selector=thompson"],
     "default_replay": ["rollout.lope_prefixes=0", "train.replay_share=0.25"],
+    "default_stratified": ["rollout.lope_prefixes=0", "rollout.screen_refill=stratified"],
 }
 SEEDED = ("rollout.seed", "select.seed", "shape.seed", "train.seed")
 

@@ -98,5 +98,6 @@ def test_every_arm_loads_over_the_evidence_design_and_a_candidate_is_the_default
     loaded = {name: load_config(design, sets=sets) for name, sets in ARMS.items()}
     assert loaded["default_thompson"].select.selector == "thompson" != loaded["default"].select.selector
     assert loaded["default_replay"].train.replay_share == 0.25 > loaded["default"].train.replay_share
-    for name in ("default_thompson", "default_replay"):
+    assert loaded["default_stratified"].rollout.screen_refill == "stratified" != loaded["default"].rollout.screen_refill
+    for name in ("default_thompson", "default_replay", "default_stratified"):
         assert ARMS[name][: len(ARMS["default"])] == ARMS["default"] and len(ARMS[name]) == len(ARMS["default"]) + 1

@@ -21,7 +21,15 @@ from flows.config import load_config
 from storage.store import Store
 from tasks.core.dapo import SCREENED_OUT, adaptive_oversample, dynamic_sampling
 from tasks.core.passrate import p_informative_at, thompson_draws
-from tasks.core.screening import MIXED, POSTERIOR, SCREENED, p_group_informative, refill_order, screen_decisions
+from tasks.core.screening import (
+    MIXED,
+    POSTERIOR,
+    SCREENED,
+    p_group_informative,
+    refill_order,
+    screen_decisions,
+    stratified,
+)
 
 
 # ---- the pure decisions --------------------------------------------------------------------------------------
@@ -65,6 +73,30 @@ def test_refills_go_best_predicted_first_and_the_order_is_keyed():
     assert order == refill_order(ids, alpha, beta, seed=0, round=3, group_size=8)  # keyed: a resume redraws it
     sub = refill_order(ids[:4], alpha[:4], beta[:4], seed=0, round=3, group_size=8)
     assert sub == [i for i in order if i in sub]  # a prompt's draw does not depend on who stands beside it
+
+
+def _within_one_of_shares(prefix: list[str], bin_of: dict[str, str], shares: dict[str, float]) -> bool:
+    return all(abs(sum(bin_of[i] == b for i in prefix) - len(prefix) * share) < 1 + 1e-9 for b, share in shares.items())
+
+
+def test_stratified_refills_hold_each_bin_at_its_share_in_every_prefix_best_first_inside():
+    rng = np.random.default_rng(0)
+    ids = [f"p{i:02d}" for i in range(17)]
+    bins = ["a"] * 10 + ["b"] * 5 + ["c"] * 2
+    alpha, beta = rng.uniform(0.5, 20, 17), rng.uniform(0.5, 20, 17)
+    plain = refill_order(ids, alpha, beta, seed=1, round=2, group_size=8)
+    order = refill_order(ids, alpha, beta, seed=1, round=2, group_size=8, bins=bins)
+    bin_of = dict(zip(ids, bins))
+    assert sorted(order) == ids
+    shares = {b: bins.count(b) / len(bins) for b in set(bins)}
+    assert all(_within_one_of_shares(order[:n], bin_of, shares) for n in range(len(order) + 1))
+    for b in shares:  # inside a bin, the plain order: best predicted first
+        assert [i for i in order if bin_of[i] == b] == [i for i in plain if bin_of[i] == b]
+    assert order == refill_order(ids, alpha, beta, seed=1, round=2, group_size=8, bins=bins)  # keyed
+    assert plain[:6] != order[:6]  # the plain order front-loads some bins: here it differs
+    assert stratified([], {}) == []
+    with pytest.raises(ValueError, match="17 candidates need as many bins, got 2"):
+        refill_order(ids, alpha, beta, seed=1, round=2, group_size=8, bins=["a", "b"])
 
 
 def test_the_loop_names_screened_out_groups():
@@ -183,6 +215,42 @@ def test_unanimous_screens_the_posterior_gives_up_on_land_screened_out(store, tm
     assert summary["screened_out"] == 8 and summary["buckets"] == {"too_hard": 8}
     assert q(store, "SELECT bucket, n, count(*) AS groups FROM prompt_scores WHERE run_id = 'e' GROUP BY ALL") == \
         [{"bucket": "too_hard", "n": 2, "groups": 8}]
+
+
+def _refills(store: Store, run: str, round: int) -> tuple[list[str], set[str]]:
+    """(the round's refill prompts, the candidates its selection left), from the store."""
+    picks = q(store, f"SELECT prompt_id, reason FROM selections WHERE run_id = '{run}' AND round = {round}")
+    first = {r["prompt_id"] for r in picks if "refill" not in r["reason"]}
+    active = {r["prompt_id"] for r in q(store, f"SELECT prompt_id FROM pool WHERE run_id = '{run}' AND "
+                                                f"round = {round} AND status = 'active'")}
+    return [r["prompt_id"] for r in picks if "refill" in r["reason"]], active - first
+
+
+@pytest.mark.parametrize("order", ["informative", "stratified"])
+def test_stratified_refills_land_each_bin_at_its_share_of_the_rest(store, tmp_path, order):
+    """Round 1, after a round 0 that showed one bin (questions the script never answers) failing: informative
+    refills put that bin last; stratified ones screen each pass-rate bin within one prompt of its share of the
+    candidates the selection left (the refills are a prefix of the stratified queue), counted from the store."""
+    from tasks.selectors.thompson import bins_of
+
+    never = tmp_path / "never.jsonl"
+    never.write_text("".join(json.dumps({"question": f"Spell the number {i} in words.", "answer": str(i + 1)}) + "\n"
+                             for i in range(30)))
+    sets = scripted(f'pool.sources=[{{"source": "rg:products", "size": 40, "params": {{"max_digits": 1}}}}, '
+                    f'{{"source": "{never}"}}]', f"rollout.screen_refill={order}", "select.batch_size=8")
+    _select_and_collect(store, "st", sets, 0)
+    out = _select_and_collect(store, "st", sets, 1)
+    assert out["screening"]["generation_batches"] > 1
+    refills, rest = _refills(store, "st", 1)
+    bin_of = dict(bins_of(store, rest).unique("prompt_id").filter(pl.col("prompt_id").is_in(list(rest))).iter_rows())
+    shares = {b: sum(v == b for v in bin_of.values()) / len(rest) for b in set(bin_of.values())}
+    assert len(shares) == 2 and len(refills) >= 4 and set(refills) <= rest
+    failing = next(b for b in shares if "never" in b)
+    share = sum(bin_of[i] == failing for i in refills) / len(refills)
+    if order == "stratified":
+        assert _within_one_of_shares(refills, bin_of, shares)
+    else:  # the failing bin is predicted uninformative: screened after the rest, if at all
+        assert share < shares[failing] / 2
 
 
 def test_screening_off_samples_g_at_once(store):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import polars as pl
 import pyarrow as pa
@@ -61,6 +61,10 @@ class RolloutConfig(Section):
     screen_max_batches: int = Field(4, ge=1, le=1000, description="screening: generation batches per round at "
                                     "most, the selection included; refills screen further candidates until B "
                                     "groups are kept or this is reached")
+    screen_refill: Literal["informative", "stratified"] = Field(
+        "informative", description="screening: the order refills screen further candidates in: informative (best "
+        "predicted P(mixed group) first) or stratified (that order inside each pass-rate bin, the bins at their "
+        "share of the candidates, as a uniform draw has them; tasks/core/screening.py)")
     screen_posterior_topups: int = Field(1_000_000, ge=0, le=1_000_000, description="screening: unanimous "
                                          "screens topped up on the posterior's word per round, at most (mixed "
                                          "ones always are); the budget governor holds it at 1 while those "

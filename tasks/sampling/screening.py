@@ -9,7 +9,8 @@ is topped up to G with G − k_s more samples (its screening samples are samples
 loop then keeps the topped-up groups whose rewards differ, up to B, and refills: it screens further candidates
 from the round's candidates (never the ones already generated for), about twice the groups still missing
 (`SCREEN_OVERSAMPLE`: a screen costs k_s/G of a group, so over-screening is cheap), best first by a Thompson
-prediction that costs no tokens (tasks/core/screening.py `refill_order`), until B groups are kept or
+prediction that costs no tokens (tasks/core/screening.py `refill_order`; with `screen_refill = "stratified"`,
+best first inside each pass-rate bin, the bins at their share of the candidates), until B groups are kept or
 `screen_max_batches` generation batches ran. A batch tops up every mixed screen, past B if need be (its k_s
 samples are paid, and G − k_s more make an informative group for sure: the cheapest one there is), and
 posterior-worthy unanimous screens, in queue order, only while groups are missing, so no top-up is generated
@@ -96,8 +97,10 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
     kind = select_cfg.pass_rate_prior
     prior = posterior(bins, history, PRIOR_STRENGTH, kind)  # before the round generated anything: refills, predictions
     before = in_order(prior, rest)
+    strata = (in_order(bins.unique("prompt_id", keep="first", maintain_order=True), rest)["bin"].to_list()
+              if cfg.screen_refill == "stratified" else None)
     queue = chosen + refill_order(rest, before["alpha"].to_numpy(), before["beta"].to_numpy(), select_cfg.seed,
-                                  ctx.round, g)
+                                  ctx.round, g, strata)
     screens: list[pl.DataFrame] = []  # this round's screens so far, as pass counts
     screened: list[str] = []  # every prompt screened, in order
     allowance = [cfg.screen_posterior_topups]  # posterior top-ups left this round (the governor may hold it at 1)
