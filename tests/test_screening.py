@@ -95,6 +95,17 @@ def test_stratified_refills_hold_each_bin_at_its_share_in_every_prefix_best_firs
     assert order == refill_order(ids, alpha, beta, seed=1, round=2, group_size=8, bins=bins)  # keyed
     assert plain[:6] != order[:6]  # the plain order front-loads some bins: here it differs
     assert stratified([], {}) == []
+    for trial in range(200):  # K bins of random sizes: every prefix within the documented bound of the shares
+        k = int(rng.integers(2, 7))
+        sizes = rng.integers(1, 12, k)
+        many = [f"{b}-{j}" for b in range(k) for j in range(sizes[b])]
+        rng.shuffle(many)
+        of = {i: i.split("-")[0] for i in many}
+        out, bound = stratified(many, of), (1.0 - 2e-9 if k <= 3 else (k - 1) / 2)  # under one for up to 3 bins
+        assert [i for i in out if of[i] == "0"] == [i for i in many if of[i] == "0"]
+        for n in range(len(out) + 1):
+            assert all(abs(sum(of[i] == str(b) for i in out[:n]) - n * sizes[b] / len(many)) < bound + 1e-9
+                       for b in range(k)), (trial, n)
     with pytest.raises(ValueError, match="17 candidates need as many bins, got 2"):
         refill_order(ids, alpha, beta, seed=1, round=2, group_size=8, bins=["a", "b"])
 

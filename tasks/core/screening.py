@@ -29,8 +29,8 @@ Choices, and why:
   keyed by (round seed, prompt) as the `thompson` selector draws (tasks/core/passrate.py `thompson_draws`),
   scored by P(a group of G is mixed | the draw), best first, ties by prompt id.
 - Or by that order inside each pass-rate bin, the bins interleaved at their share of the candidates
-  (`stratified`, `rollout.screen_refill = "stratified"`): every prefix of the queue holds each bin at its share,
-  within one prompt, as a uniform draw would. Why: best first across bins fills the batch from the bins whose
+  (`stratified`, `rollout.screen_refill = "stratified"`): every prefix of the queue holds each bin at its share
+  (within one prompt for up to three bins; see `stratified`), as a uniform draw does on average. Why: best first across bins fills the batch from the bins whose
   pass rate is nearest one half. On the evidence store (benchmarks/evidence-v3, seeds 0-4) that moved the
   default's trained groups off two-digit sums (30% of its informative groups against uniform's 51%, the bin
   that is half the held-out set) onto one-digit products (18% against 10%): it gained on the latter (held-out
@@ -120,8 +120,10 @@ def refill_order(ids: Sequence[str], alpha: np.ndarray, beta: np.ndarray, seed: 
 
 def stratified(order: Sequence[str], bin_of: dict[str, str]) -> list[str]:
     """`order` interleaved across bins at each bin's share of it, keeping the order inside each bin: the item of
-    rank r (from 0) among its bin's n goes to position key (r + 1/2) / n, ties by bin then position, so that
-    every prefix holds each bin at its share, within one item.
+    rank r (from 0) among its bin's n goes to position key (r + 1/2) / n, ties by bin then position. A prefix
+    ending at key t holds round(t · n_b) of bin b (an exact tie either way), so its count of b is off its share
+    of the prefix by e_b − s_b · Σ_c e_c with every |e_c| <= 1/2: by less than one item with up to three bins,
+    by at most (K − 1)/2 with K bins.
 
     >>> stratified(["a1", "a2", "a3", "a4", "b1", "b2"], {"a1": "a", "a2": "a", "a3": "a", "a4": "a", "b1": "b",
     ...                                                   "b2": "b"})
