@@ -597,17 +597,19 @@ def test_the_component_yields_are_the_governors_per_round_means(milestoned):
     section = page[page.index("### What each token-spending component made"):]
     section = section[:section.index("\n#")]
     gov = pl.from_arrow(sql(store, "SELECT * FROM governor WHERE starts_with(run_id, 'ev-default-')"))
-    active = gov.filter(pl.col("tokens") > 0)
+    active = gov.filter((pl.col("tokens") > 0) & pl.col("baseline_per_1k").is_not_null())
     assert active.height  # the scripted default arm refines, shapes or tops up
+    seeds = sum(r.arm == "default" for r in planned)
     short = []
     for (component,), rows in active.group_by("component"):
         own, base = rows["yield_per_1k"].mean(), rows["baseline_per_1k"].mean()
         below = int((rows["yield_per_1k"] < rows["baseline_per_1k"]).sum())
         throttled = gov.filter((pl.col("component") == component) & pl.col("throttled")).height
-        assert (f"| `default` | {component} | {rows['tokens'].sum() / 2:.0f} | {own:.1f} | {base:.1f} | "
+        assert (f"| `default` | {component} | {rows['tokens'].sum() / seeds:.0f} | {own:.1f} | {base:.1f} | "
                 f"{below} / {rows.height} | {throttled} |") in section
         short += [component] if own < base else []
-    assert "| `uniform` |" not in section
+    assert "| `uniform` |" not in section and "No governor rows" not in section  # uniform's rows are all idle
+    assert all(f"`default`'s {c} (" in section for c in short)
     assert section.count("`default`'s ") == len(short) and ("none." in section) == (not short)
 
 

@@ -141,8 +141,9 @@ UNITS = {"lope": "rows of rescued groups", "shape": "verified shaped traces", "r
 def yield_lines(ev) -> list[str]:
     """Per arm and component that spent tokens on top of plain rollouts: its tokens per run and its yield beside
     plain rollouts' in the same rounds (means of the governor's per-round figures), the rounds it fell below and
-    the rounds it ran throttled; then the components whose mean yield fell below the baseline's. None without
-    governor rows (runs made before the governor) or where no component generated anything."""
+    the rounds it ran throttled; then the components whose mean yield fell below the baseline's, and the arms
+    with no governor rows at all (`governor.enabled` false, or runs made before the governor), which the table
+    cannot show. None where no component of any run generated anything (or no run has governor rows)."""
     rows = ev.yields
     if rows is None or rows.height == 0 or not (rows["rounds_active"] > 0).any():
         return []
@@ -168,6 +169,9 @@ def yield_lines(ev) -> list[str]:
             if own < base:
                 short.append(f"`{f.arm}`'s {component} ({own:.1f} against {base:.1f})")
     lines += ["", "Below plain rollouts' yield on average: " + (", ".join(short) if short else "none") + "."]
+    unmeasured = [f"`{f.arm}`" for f in ev.arms if not rows["run_id"].is_in(f.run_ids).any()]
+    if unmeasured:
+        lines.append(f"No governor rows (governor off, or runs made before it): {', '.join(unmeasured)}.")
     return lines
 
 
