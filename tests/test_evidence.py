@@ -587,13 +587,37 @@ def test_the_external_set_is_scored_at_the_budget_milestone_and_read_there(miles
     assert "External set `ext`: pass@1 of each run's checkpoint at the matched budget" in page
 
 
+def test_the_component_table_names_an_arm_the_governor_never_measured_and_is_left_out_when_nothing_spent():
+    """An arm run with the governor off has no `governor` rows: it is named under the table rather than missing
+    from it silently; a page whose components never generated a token has no component section at all."""
+    from types import SimpleNamespace
+
+    from tasks.compare.sections import yield_lines
+
+    arms = [SimpleNamespace(arm="default", run_ids=["ev-default-s0"]), SimpleNamespace(arm="off", run_ids=["ev-off-s0"])]
+    rows = pl.DataFrame({"run_id": ["ev-default-s0"], "component": ["shape"], "rounds_active": [2], "tokens": [500],
+                         "rows": [2.0], "yield_sum": [8.0], "baseline_sum": [60.0], "rounds_below": [2],
+                         "rounds_throttled": [1]})
+    lines = yield_lines(SimpleNamespace(arms=arms, yields=rows))
+    assert "| `default` | shape | 500 | 4.0 | 30.0 | 2 / 2 | 1 |" in lines
+    assert lines[-2:] == ["Below plain rollouts' yield on average: `default`'s shape (4.0 against 30.0).",
+                          "No governor rows (governor off, or runs made before it): `off`."]
+    idle = rows.with_columns(rounds_active=pl.lit(0), yield_sum=pl.lit(None), baseline_sum=pl.lit(None))
+    assert yield_lines(SimpleNamespace(arms=arms, yields=idle)) == []
+
+
 @pytest.mark.slow
-def test_the_component_yields_are_the_governors_per_round_means(milestoned):
-    """The page's component table against the `governor` rows directly: per arm and component, tokens per run
-    and the means of its and plain rollouts' yields over the rounds it generated in; `uniform` spends nothing
-    on top of plain rollouts, so it has no line."""
-    store, planned, *_ = milestoned
-    page = markdown(build(store, "ev", planned, ["ext"]), ["ext"], "# header", "## design")
+def test_the_component_yields_are_the_governors_per_round_means():
+    """The page's component table against the `governor` rows directly, on the committed v2 comparison (real
+    runs of the embedded policy: refinement and shaping spent tokens there): per arm and component, tokens per
+    run and the means of its and plain rollouts' yields over the rounds it generated in; `uniform` spends
+    nothing on top of plain rollouts, so it has no line."""
+    from flows.compare import plan
+    from storage.store import Store
+
+    store = Store(Path(__file__).parent.parent / "benchmarks" / "evidence-v2" / "store")
+    planned = plan(["uniform", "default"], 4, "ev", [], {})
+    page = markdown(build(store, "ev", planned, []), [], "# header", "## design")
     section = page[page.index("### What each token-spending component made"):]
     section = section[:section.index("\n#")]
     gov = pl.from_arrow(sql(store, "SELECT * FROM governor WHERE starts_with(run_id, 'ev-default-')"))
