@@ -622,7 +622,7 @@ def test_the_component_yields_are_the_governors_per_round_means():
     section = section[:section.index("\n#")]
     gov = pl.from_arrow(sql(store, "SELECT * FROM governor WHERE starts_with(run_id, 'ev-default-')"))
     active = gov.filter((pl.col("tokens") > 0) & pl.col("baseline_per_1k").is_not_null())
-    assert active.height  # the scripted default arm refines, shapes or tops up
+    assert active.height  # v2's default runs refined and shaped
     seeds = sum(r.arm == "default" for r in planned)
     short = []
     for (component,), rows in active.group_by("component"):

@@ -28,9 +28,10 @@ with the comparison's prefix; docs/evidence.md prints the same queries, so each 
 - `YIELDS`: what each token-spending component on top of plain rollouts (LoPE, shaping, refinement, the
   posterior's top-ups) made per 1k of its tokens, beside plain rollouts' yield in the same rounds, as the budget
   governor measured them (`governor`, tasks/core/governor.py): per run and component, the rounds it generated
-  in (where plain rollouts had a yield too), its tokens and training rows there, the sums of its and the baseline's per-round yields over those rounds
-  (the page prints their means), the rounds it fell below the baseline and the rounds it ran throttled. The
-  governor measures a round when it decides the next, so a run's last round is not in it.
+  in (where plain rollouts had a yield too), its tokens and training rows there, the sums of its and the
+  baseline's per-round yields over those rounds (the page prints their means), the rounds it fell below the
+  baseline and the rounds it ran throttled. The governor measures a round when it decides the next, so a run's
+  last round is not in it.
 
 `arm_at` gives an arm's [seeds, prompts] pass@1 at a budget on one axis (tasks/core/curves.py), from which
 tasks/core/stats.py gives the mean, its interval and paired differences.
@@ -132,14 +133,15 @@ WHERE starts_with(run_id, '{prefix}') GROUP BY ALL ORDER BY run_id
 # the budget governor's measurements: one row per run and component; a round counts where the component generated
 # and plain rollouts have a yield to compare with (as the governor's own rule reads them)
 YIELDS = """
-SELECT run_id, component, count(*) FILTER (WHERE tokens > 0 AND baseline_per_1k IS NOT NULL) AS rounds_active,
-       sum(tokens) FILTER (WHERE tokens > 0 AND baseline_per_1k IS NOT NULL) AS tokens,
-       sum(rows) FILTER (WHERE tokens > 0 AND baseline_per_1k IS NOT NULL) AS rows,
-       sum(yield_per_1k) FILTER (WHERE tokens > 0 AND baseline_per_1k IS NOT NULL) AS yield_sum,
-       sum(baseline_per_1k) FILTER (WHERE tokens > 0 AND baseline_per_1k IS NOT NULL) AS baseline_sum,
-       count(*) FILTER (WHERE tokens > 0 AND yield_per_1k < baseline_per_1k) AS rounds_below,
+WITH g AS (SELECT *, tokens > 0 AND baseline_per_1k IS NOT NULL AS measured FROM governor
+           WHERE starts_with(run_id, '{prefix}'))
+SELECT run_id, component, count(*) FILTER (WHERE measured) AS rounds_active,
+       sum(tokens) FILTER (WHERE measured) AS tokens, sum(rows) FILTER (WHERE measured) AS rows,
+       sum(yield_per_1k) FILTER (WHERE measured) AS yield_sum,
+       sum(baseline_per_1k) FILTER (WHERE measured) AS baseline_sum,
+       count(*) FILTER (WHERE measured AND yield_per_1k < baseline_per_1k) AS rounds_below,
        count(*) FILTER (WHERE throttled) AS rounds_throttled
-FROM governor WHERE starts_with(run_id, '{prefix}') GROUP BY ALL ORDER BY run_id, component
+FROM g GROUP BY ALL ORDER BY run_id, component
 """.strip()
 
 

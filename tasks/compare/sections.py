@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import polars as pl
 
 from tasks.compare.decide import PAIR_AXES, RELATIVE_EFFECT
 from tasks.compare.figures import query
@@ -155,19 +156,23 @@ def yield_lines(ev) -> list[str]:
              + "; ".join(f"{c}, {u}" for c, u in UNITS.items()) + ". Tokens are per run over the measured rounds.",
              "", "| arm | component | tokens per run | its rows per 1k | plain rollouts' rows per 1k "
              "| rounds below / generating | rounds throttled |", "|---|---|---|---|---|---|---|"]
+    arm_of = pl.DataFrame({"run_id": [i for f in ev.arms for i in f.run_ids],
+                           "arm": [f.arm for f in ev.arms for _ in f.run_ids],
+                           "runs": [len(f.run_ids) for f in ev.arms for _ in f.run_ids],
+                           "order": [k for k, f in enumerate(ev.arms) for _ in f.run_ids]})
+    per_arm = (rows.join(arm_of, on="run_id")
+               .group_by("order", "arm", "component")
+               .agg(pl.col("runs").first(), *(pl.col(c).sum() for c in ("rounds_active", "tokens", "yield_sum",
+                                                                           "baseline_sum", "rounds_below",
+                                                                           "rounds_throttled")))
+               .filter(pl.col("rounds_active") > 0).sort("order", "component"))
     short = []
-    for f in ev.arms:
-        mine = rows.filter(rows["run_id"].is_in(f.run_ids))
-        for component in sorted(set(mine["component"])):
-            c = mine.filter(mine["component"] == component)
-            active = int(c["rounds_active"].sum())
-            if not active:
-                continue
-            own, base = float(c["yield_sum"].sum()) / active, float(c["baseline_sum"].sum()) / active
-            lines.append(f"| `{f.arm}` | {component} | {float(c['tokens'].sum()) / len(f.run_ids):.0f} | {own:.1f} | "
-                         f"{base:.1f} | {int(c['rounds_below'].sum())} / {active} | {int(c['rounds_throttled'].sum())} |")
-            if own < base:
-                short.append(f"`{f.arm}`'s {component} ({own:.1f} against {base:.1f})")
+    for c in per_arm.iter_rows(named=True):
+        own, base = c["yield_sum"] / c["rounds_active"], c["baseline_sum"] / c["rounds_active"]
+        lines.append(f"| `{c['arm']}` | {c['component']} | {c['tokens'] / c['runs']:.0f} | {own:.1f} | {base:.1f} | "
+                     f"{c['rounds_below']} / {c['rounds_active']} | {c['rounds_throttled']} |")
+        if own < base:
+            short.append(f"`{c['arm']}`'s {c['component']} ({own:.1f} against {base:.1f})")
     lines += ["", "Below plain rollouts' yield on average: " + (", ".join(short) if short else "none") + "."]
     unmeasured = [f"`{f.arm}`" for f in ev.arms if not rows["run_id"].is_in(f.run_ids).any()]
     if unmeasured:

@@ -97,8 +97,7 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
     kind = select_cfg.pass_rate_prior
     prior = posterior(bins, history, PRIOR_STRENGTH, kind)  # before the round generated anything: refills, predictions
     before = in_order(prior, rest)
-    strata = (in_order(bins.unique("prompt_id", keep="first", maintain_order=True), rest)["bin"].to_list()
-              if cfg.screen_refill == "stratified" else None)
+    strata = in_order(bins, rest)["bin"].to_list() if cfg.screen_refill == "stratified" else None
     queue = chosen + refill_order(rest, before["alpha"].to_numpy(), before["beta"].to_numpy(), select_cfg.seed,
                                   ctx.round, g, strata)
     screens: list[pl.DataFrame] = []  # this round's screens so far, as pass counts
