@@ -22,6 +22,15 @@ The design is fixed here, so every regeneration describes the same experiment:
   budget where every run has that checkpoint scored, else at the last (tasks/compare/external.py);
 - the design's budgets `--budgets` (60k and 120k generated tokens: pass@1 where every run reached them, else
   "not reached").
+Two at a time, one per core (a 2-core machine runs one torch job per core; issue 50's v3 ran its last seeds so):
+give each core a store of its own and the runs it makes, then merge them into one by run id,
+
+    OMP_NUM_THREADS=1 taskset -c 0 python benchmarks/evidence.py --store A --arms ... --run --only ev-uniform-s0,...
+    OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/evidence.py --store B --arms ... --run --only ev-uniform-s1,...
+    python benchmarks/evidence.py --store A --arms ... --merge-from B --partial
+
+(each run is made exactly as the whole comparison makes it; the store holding the plan's first run scores the
+base model on the external sets; evidence_design.py `merge_runs` says what a merge copies and refuses).
 Runs go one after the other through flows/compare.py (`refinery compare` does the same for any arms); the page
 is tasks/compare/page.py over the queries of tasks/compare/figures.py. Before writing, every run's stored config
 is checked against the design (the shared config, `--set`, its arm and seed): a store whose runs were made
@@ -60,9 +69,11 @@ from benchmarks.evidence_design import (  # noqa: E402
     commit,
     design,
     estimate,
+    externally_scored,
     finished,
     machine,
     machines,
+    merge_runs,
     record_machine,
 )
 
@@ -116,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write the headline figures here (tasks/compare/headline.py)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                     help="an override shared by every run, on top of benchmarks/evidence.toml")
+    ap.add_argument("--only", default=None, metavar="RUN,RUN", help="with --run: run only these planned runs, "
+                    "each as the whole comparison runs it, so that parts of it can run at once in separate stores "
+                    "(one per core) and be merged with --merge-from")
+    ap.add_argument("--merge-from", default=None, metavar="STORE", help="first copy finished runs from this local "
+                    "store of the same comparison into --store (the runs of --only, else every planned run "
+                    "finished there and not here): each run's folders, the shared ingest stages, where it ran")
     ap.add_argument("--allow-mixed", action="store_true", help="write the page (and run) although its runs come "
                     "from more than one commit or from uncommitted code; the page then says so in its first lines")
     a = ap.parse_args(argv)
@@ -124,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"evidence: {flag} {path} is a folder; give the file to write (e.g. {Path(path) / 'evidence.md'})",
                   file=sys.stderr)
             return 2
+    if a.only is not None and not a.run and not a.merge_from:
+        print("evidence: --only names the runs to --run or to take with --merge-from; give one of them",
+              file=sys.stderr)
+        return 2
     if a.reading and not Path(a.reading).is_file():
         print(f"evidence: --reading {a.reading} is not a file (the hand-written reading to put on the page)",
               file=sys.stderr)
@@ -159,7 +180,7 @@ def _budgets(text: str) -> list[int]:
 
 
 def _main(a: argparse.Namespace) -> int:
-    from flows.compare import compare, plan
+    from flows.compare import plan
     from storage.store import Store
     from tasks.compare.page import build, markdown
     from tasks.compare.plots import plots
@@ -171,14 +192,32 @@ def _main(a: argparse.Namespace) -> int:
     if a.estimate:
         print("\n".join(estimate(Store(a.store), planned, a.config, a.set)))
         return 0
+    only = [x.strip() for x in a.only.split(",") if x.strip()] if a.only is not None else None
+    if only is not None and (unknown := [r for r in only if r not in {p.run_id for p in planned}]):
+        raise ValueError(f"--only {', '.join(unknown)}: not a planned run of this comparison (planned: "
+                         f"{', '.join(p.run_id for p in planned)})")
+    if a.merge_from:
+        source = Store(a.merge_from)
+        here = finished(Store(a.store), [r.run_id for r in planned])
+        names = [Path(p).stem for p in datasets]
+        ready = finished(source, [r.run_id for r in planned])
+        ready &= externally_scored(source, sorted(ready), names)  # a finished run is scored on them last
+        runs = only if only is not None else sorted(ready - here)
+        merge_runs(source, Store(a.store), runs, names)
+        print(f"evidence: merged {len(runs)} run(s) from {a.merge_from}: {', '.join(runs) or 'none'}", flush=True)
     if a.run:
+        from flows.compare import prepare_comparison, run_comparison
         from flows.server.prefect_setup import prepare_prefect
 
         prepare_prefect(a.store, verbose=False)
         for arms, seeds in groups:
-            compare(arms, seeds, PREFIX, a.set, {}, None, a.store, a.config, datasets=datasets,
-                    on_run=lambda r: (print(f"evidence: {r.run_id} (arm {r.arm}, seed {r.seed})", flush=True),
-                                      record_machine(a.store, r.run_id)), allow_mixed=a.allow_mixed)
+            comparison = prepare_comparison(arms, seeds, PREFIX, a.set, {}, None, a.store, a.config, datasets,
+                                            a.allow_mixed)
+            mine = None if only is None else [r for r in only if r in {p.run_id for p in comparison.runs}]
+            if mine == []:
+                continue
+            run_comparison(comparison, lambda r: (print(f"evidence: {r.run_id} (arm {r.arm}, seed {r.seed})",
+                                                        flush=True), record_machine(a.store, r.run_id)), mine)
     store = Store(a.store)
     done = finished(store, [r.run_id for r in planned])
     missing = [r.run_id for r in planned if r.run_id not in done]

@@ -173,3 +173,87 @@ def estimate(store, planned, config: str, shared: list[str]) -> list[str]:
                  f"run(s)) {total / 1e6:.2f}M tokens in all, about {total * per_token / 3600:.1f} hours at "
                  f"{per_token * 1000:.1f} s per 1k tokens")
     return lines
+
+
+MERGE_SKIPS = {"_checkpoints", "_reports", ".tmp", ".locks", ".prefect"}  # weights, reports, temporaries: not data
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()}
+
+
+def externally_scored(store, run_ids: list[str], datasets: list[str]) -> set[str]:
+    """The runs of `run_ids` whose newest evaluated checkpoint is scored on every external set of `datasets`
+    (names): the last thing a comparison does for a run, after its `runs` row says completed."""
+    import polars as pl
+
+    from storage.query import scan
+
+    evals = scan(store, "evals").filter(pl.col("run_id").is_in(run_ids)).select(
+        "run_id", "split", "policy_version").collect()
+    newest = evals.group_by("run_id").agg(pl.col("policy_version").max().alias("newest"))
+    scored = evals.join(newest, on="run_id").filter(pl.col("policy_version") == pl.col("newest"))
+    have = scored.group_by("run_id").agg(pl.col("split"))
+    return {r for r, splits in have.iter_rows() if all(f"dataset:{d}" in splits for d in datasets)}
+
+
+def merge_runs(source, target, run_ids: list[str], datasets: list[str] = ()) -> list[str]:
+    """Copy finished runs from `source` into `target` (two local stores of one comparison, each run made in one
+    of them: `benchmarks/evidence.py --run --only`), so that runs can go at once, one per core, and meet in one
+    store. Per run: its `run_id=<run>` folder of every table (`_landed` included), staged under the target's
+    .tmp and moved into place, `runs` and `_landed` last; the shared `run_id=_ingest` stage files the target
+    lacks (their names hash their content: one name is one stage); its `_machines.jsonl` lines. Weights and
+    reports stay behind. A run whose folders are already in the target with the same files (a merge that
+    stopped part way, run again) is completed, not refused; one that differs, or is not finished in the
+    source, or (with `datasets`, external sets' names) whose newest checkpoint is not scored on them there yet,
+    is refused before anything is copied. Returns the runs merged."""
+    import shutil
+
+    src, dst = Path(source.root), Path(target.root)
+    for store in (source, target):
+        protocol = store.fs.protocol
+        if "file" not in (protocol if isinstance(protocol, tuple) else (protocol,)):
+            raise ValueError(f"merging runs needs local stores; {store.root} is not one")
+    if src.resolve() == dst.resolve():
+        raise ValueError(f"merging runs: source and target are the same store ({src})")
+    done = finished(source, run_ids)
+    if missing := [r for r in run_ids if r not in done]:
+        raise ValueError(f"merging runs: {', '.join(missing)} not finished in {src}")
+    if datasets and (unscored := [r for r in run_ids if r not in externally_scored(source, run_ids, list(datasets))]):
+        raise ValueError(f"merging runs: {', '.join(unscored)} not scored on the external sets in {src} yet "
+                         "(its comparison is still evaluating it)")
+    tables = sorted((p.name for p in src.iterdir() if p.is_dir() and p.name not in MERGE_SKIPS),
+                    key=lambda t: (t == "_landed", t == "runs", t))  # what marks a run finished goes last
+    for run in run_ids:
+        for table in tables:
+            part, there = src / table / f"run_id={run}", dst / table / f"run_id={run}"
+            if part.is_dir() and there.exists() and _files(there) != _files(part):
+                raise ValueError(f"merging runs: {run} is in {dst} already ({table}) with other files; "
+                                 "remove it there or leave it out")
+    stage = dst / ".tmp" / "merge"
+    for run in run_ids:
+        for table in tables:
+            part, there = src / table / f"run_id={run}", dst / table / f"run_id={run}"
+            if not part.is_dir() or there.exists():
+                continue
+            staged = stage / table / part.name
+            shutil.rmtree(staged, ignore_errors=True)
+            shutil.copytree(part, staged)
+            there.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged, there)
+    for table in tables:
+        shared = src / table / "run_id=_ingest"
+        for f in (shared.rglob("*") if shared.is_dir() else []):
+            to = dst / f.relative_to(src)
+            if f.is_file() and not to.exists():
+                to.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(f, to.with_name(to.name + ".part"))
+                os.replace(to.with_name(to.name + ".part"), to)
+    lines = (src / "_machines.jsonl").read_text().splitlines() if (src / "_machines.jsonl").exists() else []
+    have = set((dst / "_machines.jsonl").read_text().splitlines()) if (dst / "_machines.jsonl").exists() else set()
+    new = [ln for ln in lines if ln.strip() and json.loads(ln)["run_id"] in run_ids and ln not in have]
+    if new:
+        with open(dst / "_machines.jsonl", "a") as out:
+            out.write("".join(ln + "\n" for ln in new))
+    shutil.rmtree(stage, ignore_errors=True)
+    return run_ids

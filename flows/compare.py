@@ -31,6 +31,7 @@ difference to `uniform` (or the first arm), from `eval_results` and `generated_t
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,17 +188,27 @@ def budget_checkpoint(store, run_id: str, budget: int | None) -> int | None:
     return None if marks.height == 0 else int(marks.sort("milestone", "policy_version")["policy_version"][-1])
 
 
-def run_comparison(comparison: Comparison, on_run=None) -> list[dict]:
+def run_comparison(comparison: Comparison, on_run=None, only: Collection[str] | None = None) -> list[dict]:
     """Run (or resume) every planned run; returns one summary per run (its plan and its flow result). Each
     prompt file scores every run's checkpoint at its largest milestone within the token budget
     (`budget_checkpoint`: the checkpoint at the matched budget when every run reached it, issue 49 item 6) and
-    its last checkpoint once it finishes, and the first run's base model (version 0, the same in every run)."""
+    its last checkpoint once it finishes, and the first run's base model (version 0, the same in every run).
+    `only`: run just these planned run ids, each exactly as the whole comparison runs it (the first run of the
+    plan still scores the base model), so that parts of one comparison can run at once in separate stores and
+    be merged by run (benchmarks/evidence_design.py `merge_runs`)."""
     from flows.curriculum import curriculum
     from flows.evaluate import evaluate
     from storage.store import Store
 
+    if only is not None:
+        unknown = sorted(set(only) - {r.run_id for r in comparison.runs})
+        if unknown:
+            raise ValueError(f"not a planned run: {', '.join(unknown)} (planned: "
+                             f"{', '.join(r.run_id for r in comparison.runs)})")
     out = []
     for i, (r, c) in enumerate(zip(comparison.runs, comparison.configs)):
+        if only is not None and r.run_id not in only:
+            continue
         if on_run:
             on_run(r)
         result = already_complete(c) or curriculum(c)

@@ -350,6 +350,68 @@ def test_the_page_lists_where_each_run_ran(tmp_path):
         assert evidence.machines(store, ["a", "b", "c"]) == [f"- {evidence.machine()}: `a`, `b`", "- not recorded: `c`"]
 
 
+def test_merging_runs_copies_finished_runs_whole_and_refuses_the_rest(tmp_path):
+    """benchmarks/evidence_design.py `merge_runs` over two stores made by hand: a finished run's folders of every
+    table, the shared ingest stage files the target lacks and its machine line are copied; a run not finished
+    in the source, one already in the target with other files, or the store itself as its own source are refused
+    in one line before anything is copied; a merge stopped part way completes when run again."""
+    from storage.runs import mark
+    from storage.store import Store
+
+    evidence = _evidence_script()
+    src, dst = Store(tmp_path / "src"), Store(tmp_path / "dst")
+    for store, run in ((src, "ev-a-s1"), (src, "ev-a-s2"), (dst, "ev-a-s0")):
+        evidence.record_machine(store.root, run)
+        if run != "ev-a-s2":
+            mark(store, run, "completed", {"rounds": 1})
+        part = Path(store.root, "rollouts", f"run_id={run}", "round=0")
+        part.mkdir(parents=True)
+        (part / "rows.parquet").write_bytes(run.encode())
+    for store, name in ((src, "abc.parquet"), (src, "shared.parquet"), (dst, "shared.parquet")):
+        f = Path(store.root, "prompts", "run_id=_ingest", name)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_bytes(f"{store.root}:{name}".encode())
+    with pytest.raises(ValueError, match=r"^merging runs: ev-a-s2 not finished in .*src$"):
+        evidence.merge_runs(src, dst, ["ev-a-s1", "ev-a-s2"])
+    with pytest.raises(ValueError, match="source and target are the same store"):
+        evidence.merge_runs(src, Store(tmp_path / "src"), ["ev-a-s1"])
+    with pytest.raises(ValueError, match=r"ev-a-s1 not scored on the external sets in .*src yet"):
+        evidence.merge_runs(src, dst, ["ev-a-s1"], ["ext"])  # finished, its external scoring still to come
+    assert not Path(dst.root, "rollouts", "run_id=ev-a-s1").exists()  # nothing copied by a refused merge
+    assert evidence.merge_runs(src, dst, ["ev-a-s1"]) == ["ev-a-s1"]
+    assert Path(dst.root, "rollouts", "run_id=ev-a-s1", "round=0", "rows.parquet").read_bytes() == b"ev-a-s1"
+    assert evidence.finished(dst, ["ev-a-s0", "ev-a-s1", "ev-a-s2"]) == {"ev-a-s0", "ev-a-s1"}
+    ingest = Path(dst.root, "prompts", "run_id=_ingest")
+    assert (ingest / "abc.parquet").read_bytes().endswith(b"src:abc.parquet")  # the stage it lacked
+    assert (ingest / "shared.parquet").read_bytes().endswith(b"dst:shared.parquet")  # one name, one stage: kept
+    machines = [json.loads(x)["run_id"] for x in Path(dst.root, "_machines.jsonl").read_text().splitlines()]
+    assert machines == ["ev-a-s0", "ev-a-s1"] and not Path(dst.root, ".tmp", "merge").exists()
+    # stopped part way (here: its runs folder never arrived), run again: completed, nothing doubled
+    import shutil
+
+    shutil.rmtree(Path(dst.root, "runs", "run_id=ev-a-s1"))
+    assert evidence.merge_runs(src, dst, ["ev-a-s1"]) == ["ev-a-s1"]
+    assert evidence.finished(dst, ["ev-a-s1"]) == {"ev-a-s1"}
+    assert len(Path(dst.root, "_machines.jsonl").read_text().splitlines()) == 2
+    Path(dst.root, "rollouts", "run_id=ev-a-s1", "round=0", "rows.parquet").write_bytes(b"other rows")
+    with pytest.raises(ValueError, match=r"ev-a-s1 is in .*dst already \(rollouts\) with other files"):
+        evidence.merge_runs(src, dst, ["ev-a-s1"])
+    with pytest.raises(ValueError, match="needs local stores"):
+        evidence.merge_runs(src, Store("memory://merge"), ["ev-a-s1"])
+
+
+def test_only_is_refused_without_a_run_or_a_merge_and_names_an_unplanned_run(tmp_path, capsys):
+    evidence = _evidence_script()
+    assert evidence.main(["--store", str(tmp_path / "s"), "--only", "ev-uniform-s0"]) == 2
+    assert capsys.readouterr().err == ("evidence: --only names the runs to --run or to take with --merge-from; "
+                                       "give one of them\n")
+    assert evidence.main(["--store", str(tmp_path / "s"), "--arms", "uniform", "--seeds", "1", "--run",
+                          "--only", "ev-uniform-s0,ev-default-s0"]) == 1
+    assert capsys.readouterr().err == ("evidence: --only ev-default-s0: not a planned run of this comparison "
+                                       "(planned: ev-uniform-s0)\n")
+    assert not Path(tmp_path / "s").exists()  # refused before anything ran
+
+
 def test_confirm_runs_one_ablation_at_the_core_seeds():
     """`--confirm no_lope` plans `no_lope` at --seeds paired seeds after the other ablations at one, so the
     runs already made keep their ids and only seeds 1 and 2 are new; an unknown ablation is refused."""
@@ -638,6 +700,41 @@ def test_the_component_yields_are_the_governors_per_round_means():
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_runs_made_in_two_stores_at_once_merge_into_the_comparison(milestoned, tmp_path, capsys):
+    """`--run --only` in two stores (as two cores would), then `--merge-from`: the merged store holds every run
+    and its page reads the same held-out pass@1, per arm and at each milestone, as the comparison run in one
+    store (the `milestoned` fixture); merging again copies nothing."""
+    from storage.store import Store
+
+    evidence = _evidence_script()
+    store, planned, sets, design, data = milestoned
+    args = ["--arms", "uniform,default", "--seeds", "2", "--config", str(design), "--dataset", str(data),
+            *[x for s in [*sets, "rounds=4"] for x in ("--set", s)]]  # the fixture's compare(..., rounds=4)
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert evidence.main(["--store", str(a), *args, "--run", "--only", "ev-uniform-s0,ev-default-s0"]) == 2
+    assert "2 planned run(s) not finished (first: ev-uniform-s1)" in capsys.readouterr().err
+    assert evidence.main(["--store", str(b), *args, "--run", "--only", "ev-default-s1,ev-uniform-s1"]) == 2
+    assert evidence.finished(Store(b), [r.run_id for r in planned]) == {"ev-uniform-s1", "ev-default-s1"}
+    out = tmp_path / "page.md"
+    assert evidence.main(["--store", str(a), *args, "--merge-from", str(b), "--out", str(out)]) == 0
+    assert "evidence: merged 2 run(s) from " in capsys.readouterr().out and out.exists()
+    merged, whole = build(Store(a), "ev", planned, ["ext"]), build(store, "ev", planned, ["ext"])
+    def figures(ev):  # wall-clock seconds differ between any two runs; the rest is the same computation
+        return [(f.arm, f.run_ids, f.at["tokens"], f.at["steps"], f.last, f.informative,
+                 {k: v for k, v in f.purposes.items() if k != "eval"}) for f in ev.arms], ev.base_model
+
+    assert figures(merged) == figures(whole)
+    # except evaluation's tokens (never counted in the budget): the second store scored the base model itself
+    assert merged.arms[0].purposes["eval"] > whole.arms[0].purposes["eval"]
+    assert [f.purposes["eval"] for f in merged.arms[1:]] == [f.purposes["eval"] for f in whole.arms[1:]]
+    for run_id, curve in whole.curves.items():
+        assert merged.curves[run_id].costs["tokens"] == curve.costs["tokens"]
+        assert np.array_equal(merged.curves[run_id].pass1, curve.pass1)
+    assert evidence.main(["--store", str(a), *args, "--merge-from", str(b), "--out", str(out)]) == 0
+    assert "evidence: merged 0 run(s)" in capsys.readouterr().out
+
+
 def test_evidence_json_for_the_calibration_arms(milestoned, tmp_path, capsys):
     evidence = _evidence_script()
     store, planned, sets, design, data = milestoned
