@@ -5,28 +5,22 @@ An arm is a named list of config overrides (`section.key=value`, as `refinery ru
 of the shared ones. The built-in arms:
 - `uniform`: plain GRPO: uniform selection, no refinement, no shaping, no few-shot context, no LoPE;
 - `dapo_filter`: the same, with DAPO's over-sampling and zero-variance filter (discarded rollouts counted);
-- `eps`: the same, with EPS-weighted selection in one cluster (`select.k_max=1`); `eps_kmeans`: EPS over
-  k-means clusters;
+- `eps`: the same, with EPS-weighted selection in one cluster (`select.k_max=1`); `eps_kmeans`: over k-means;
 - `refinery`: the default pipeline; `no_refine`, `no_shape`, `no_fewshot`, `no_lope`: it, one part off. LoPE
   is off by default, so `no_lope` differs from `refinery` only where the shared config turns LoPE on
   (`rollout.lope_prefixes=6`, as benchmarks/evidence.toml does: the full pipeline with every part on);
-- `default`: the shipped defaults (issue 49 item 8, issue 50): `refinery` with every field the evidence design
-  pins away from its shipped value outside the design itself (pool, evaluation, budget) put back, today LoPE
-  (`rollout.lope_prefixes=0`). Under benchmarks/evidence.toml it runs the same config as `no_lope`; it is
-  its own arm so that it follows the defaults when they change (tests/test_compare.py checks its values
-  against RunConfig's);
+- `default`: the shipped defaults (issues 49, 50): `refinery` with the fields the evidence design pins away
+  from their shipped values (pool, evaluation and budget aside) put back, today LoPE (`lope_prefixes=0`): the
+  config of `no_lope` there, its own arm to follow the defaults (tests/test_compare.py checks them);
 - `default_thompson`, `default_replay`, `default_stratified`: the default plus one part built but off (Thompson
-  selection; replay at a quarter of the training rows; screening's refills stratified by pass-rate bin,
-  tasks/core/screening.py): the candidates issue 50 item 7 decides between.
+  selection; replay at a quarter of the rows; refills stratified by pass-rate bin): issue 50's candidates.
 Seed s sets the sampling, selection, shaping and training seeds of every arm alike (`rollout.seed`,
 `select.seed`, `shape.seed`, `train.seed`), so arms pair by seed; the pool's and the evaluation's seeds stay
-shared, so every run draws the same pool and holds out the same prompts. Run ids are
-`<prefix>-<arm>-s<seed>`; each run is an ordinary run of the store, so rerunning the comparison resumes every
-unfinished run where it stopped and skips the finished ones. `max_generated_tokens` puts every run on the
-same token budget. Runs go one after the other: on one machine, two torch processes slow each other down.
-When they are done, `summary_lines` reports each arm's held-out pass@1 of its final checkpoints with a 95%
-two-way bootstrap interval over seeds and prompts (tasks/core/stats.py), its generated tokens, and its paired
-difference to `uniform` (or the first arm), from `eval_results` and `generated_tokens`.
+shared: every run draws the same pool and holds out the same prompts. Run ids are `<prefix>-<arm>-s<seed>`,
+ordinary runs of the store: rerunning the comparison resumes the unfinished ones. `max_generated_tokens` puts
+every run on one token budget. Runs go one after the other (two torch processes slow each other down). When
+done, `summary_lines` reports each arm's held-out pass@1 of its final checkpoints (95% two-way bootstrap over
+seeds and prompts), its tokens and its paired difference to `uniform` (or the first arm).
 """
 
 from __future__ import annotations
@@ -193,18 +187,13 @@ def run_comparison(comparison: Comparison, on_run=None, only: Collection[str] | 
     prompt file scores every run's checkpoint at its largest milestone within the token budget
     (`budget_checkpoint`: the checkpoint at the matched budget when every run reached it, issue 49 item 6) and
     its last checkpoint once it finishes, and the first run's base model (version 0, the same in every run).
-    `only`: run just these planned run ids, each exactly as the whole comparison runs it (the first run of the
-    plan still scores the base model), so that parts of one comparison can run at once in separate stores and
-    be merged by run (benchmarks/evidence_design.py `merge_runs`)."""
+    `only`: just these runs, each as the whole comparison runs it (benchmarks/evidence.py `--only`)."""
     from flows.curriculum import curriculum
     from flows.evaluate import evaluate
     from storage.store import Store
 
-    if only is not None:
-        unknown = sorted(set(only) - {r.run_id for r in comparison.runs})
-        if unknown:
-            raise ValueError(f"not a planned run: {', '.join(unknown)} (planned: "
-                             f"{', '.join(r.run_id for r in comparison.runs)})")
+    if only is not None and (unknown := sorted(set(only) - {r.run_id for r in comparison.runs})):
+        raise ValueError(f"not a planned run: {', '.join(unknown)}")
     out = []
     for i, (r, c) in enumerate(zip(comparison.runs, comparison.configs)):
         if only is not None and r.run_id not in only:
