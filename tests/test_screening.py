@@ -11,6 +11,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -398,3 +399,31 @@ def test_two_screened_rounds_land_their_rows_and_tokens(prefect_api, tmp_path):
                      PRIOR_STRENGTH)
     mean = dict(zip(want["prompt_id"], (want["alpha"] / (want["alpha"] + want["beta"])).to_list()))
     assert all(abs(r["p"] - mean[r["prompt_id"]]) < 1e-12 for r in later) and len({r["p"] for r in later}) > 1
+
+
+def test_the_screening_counterfactual_replays_each_top_up_rule_on_full_groups():
+    """benchmarks/screening_ceiling.py on five hand-made groups of G = 4 (screen: the first 2 samples), every
+    figure computed by hand: a mixed screen, two all-correct ones (one group mixed after), two failing ones (one
+    mixed after)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ceiling", Path(__file__).parent.parent / "benchmarks" /
+                                                  "screening_ceiling.py")
+    ceiling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ceiling)
+    groups = {"g1": ([1, 0, 1, 1], 10), "g2": ([1, 1, 1, 0], 5), "g3": ([1, 1, 1, 1], 5), "g4": ([0, 0, 0, 0], 20),
+              "g5": ([0, 0, 1, 0], 20)}
+    rows = pl.DataFrame([{"stratum": "a", "run_id": "r", "round": 0, "prompt_id": p, "sample_idx": i,
+                          "reward": float(r), "n_tokens": t} for p, (rs, t) in groups.items() for i, r in enumerate(rs)])
+    kinds = ceiling.screen_kinds(rows, 2).sort("prompt_id")
+    assert kinds["kind"].to_list() == ["mixed", "pass", "pass", "fail", "fail"]
+    assert kinds["informative"].to_list() == [True, True, False, False, True]
+    got = {r["rule"]: (r["informative"], r["tokens"]) for r in ceiling.counterfactual(kinds).iter_rows(named=True)}
+    # break-even: fresh screening costs 24 / (1/5) + 20 = 140 tokens per informative group; an all-correct
+    # screen's top-up 10 / 0.5 = 20 and a failing one's 40 / 0.5 = 80: both worth it, so every group is completed
+    assert got == {"plain": (3, 240), "mixed_only": (1, 140), "and_pass": (2, 160), "and_fail": (2, 220),
+                   "break_even": (3, 240), "oracle": (3, 140)}
+    lines, figures = ceiling.table(ceiling.counterfactual(kinds))
+    assert figures["ratio_oracle"] == round(80 / (140 / 3), 4) and figures["ratio_mixed_only"] == round(80 / 140, 4)
+    with pytest.raises(ValueError, match="needs full groups of one size above --screen-samples 4"):
+        ceiling.screen_kinds(rows, 4)

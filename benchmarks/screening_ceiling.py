@@ -1,0 +1,158 @@
+"""What screening could make of plain GRPO's own groups: a counterfactual over a store's full groups, no model run.
+
+Each stored full group (G samples drawn at once, as the `uniform` arm draws them) holds the screen a screening
+round would have drawn for it: its first k_s samples (sample_idx 0..k_s-1, sampled as the rest). So every
+top-up rule can be replayed on the same groups, and set beside the baseline that generated them, plain GRPO:
+- `plain`: every group in full (the baseline: what the store's runs spent and made);
+- `mixed_only`: top up only the screens whose rewards differ (what screening keeps for sure);
+- `and_pass`: those and the unanimous all-correct screens; `and_fail`: those and the unanimous others;
+- `break_even`: per stratum, a kind of unanimous screen (all-correct, other) is topped up iff its top-up costs
+  no more tokens per informative group, t_k / P_k, than screening fresh candidates of the stratum and topping
+  up their mixed screens, c / q + t_mixed (P_k: the share of the kind's full groups that came out mixed; q:
+  the stratum's share of mixed screens; c, t: mean screen and top-up tokens; in samples it reads
+  P_k >= (G-k_s) q / (k_s + (G-k_s) q)). It reads these off the very groups it is scored on: an oracle for the
+  rule, about the most a per-stratum top-up rule could make;
+- `oracle`: only the groups that came out mixed, in full: the most any prediction before generating could make.
+Figure of merit: generated tokens per informative group (rewards not all equal), per stratum (round 0's pool
+source entry) and over all, and its ratio to `plain`'s (above 1: fewer tokens per informative group than plain
+GRPO), with each rule's informative groups by stratum as a share (the composition the held-out set sees).
+Screening draws candidates as the baseline drew them, so a rule's composition is plain's, thinned by the rule.
+
+    python benchmarks/screening_ceiling.py [--store benchmarks/evidence-v3/store] [--runs ev-uniform-]
+                                           [--screen-samples 2] [--json PATH]
+
+--json PATH writes flat keys: tokens_per_informative_<rule> and ratio_<rule> over all strata, groups,
+group_size, screen_samples, and informative_share_<rule>_<stratum index> (strata numbered in the printed order).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)  # run as a script, benchmarks/select.py would shadow the standard library's `select`
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import polars as pl  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+RULES = ["plain", "mixed_only", "and_pass", "and_fail", "break_even", "oracle"]
+
+
+def screen_kinds(rows: pl.DataFrame, screen_samples: int) -> pl.DataFrame:
+    """One row per group (stratum, run_id, round, prompt_id; rows: sample_idx, reward, n_tokens): its screen's
+    kind ('mixed', 'pass': all rewards 1, 'fail': the other unanimous screens), whether the full group is
+    informative, and its tokens split into the screen's and the top-up's."""
+    screen = pl.col("sample_idx") < screen_samples
+    groups = rows.group_by("stratum", "run_id", "round", "prompt_id").agg(
+        pl.len().alias("size"),
+        (pl.col("reward").filter(screen).max() > pl.col("reward").filter(screen).min()).alias("screen_mixed"),
+        (pl.col("reward").filter(screen).min() == 1.0).alias("screen_pass"),
+        (pl.col("reward").max() > pl.col("reward").min()).alias("informative"),
+        pl.col("n_tokens").filter(screen).sum().alias("screen_tokens"),
+        pl.col("n_tokens").filter(~screen).sum().alias("topup_tokens"))
+    sizes = groups["size"].unique().to_list()
+    if len(sizes) != 1 or not 0 < screen_samples < sizes[0]:
+        raise ValueError(f"screening counterfactual: needs full groups of one size above --screen-samples "
+                         f"{screen_samples}; the runs hold groups of {sorted(sizes)} samples")
+    kind = (pl.when(pl.col("screen_mixed")).then(pl.lit("mixed"))
+            .when(pl.col("screen_pass")).then(pl.lit("pass")).otherwise(pl.lit("fail")))
+    return groups.with_columns(kind.alias("kind")).drop("screen_mixed", "screen_pass")
+
+
+def counterfactual(groups: pl.DataFrame) -> pl.DataFrame:
+    """Per (stratum, rule): groups, informative groups, tokens (see the module docstring for the rules)."""
+    rates = groups.group_by("stratum", "kind").agg(pl.col("informative").mean().alias("p"),
+                                                   pl.col("topup_tokens").mean().alias("t"))
+    fresh = groups.group_by("stratum").agg(  # tokens per informative group from screening fresh candidates
+        (pl.col("screen_tokens").mean() / (pl.col("kind") == "mixed").mean()
+         + pl.col("topup_tokens").filter(pl.col("kind") == "mixed").mean()).alias("fresh"))
+    worth = rates.join(fresh, on="stratum", how="left").with_columns(
+        (pl.col("t") / pl.col("p") <= pl.col("fresh").fill_null(float("inf"))).fill_null(False).alias("worth"))
+    groups = groups.join(worth.select("stratum", "kind", "worth"), on=["stratum", "kind"])
+    mixed, kind = pl.col("kind") == "mixed", pl.col("kind")
+    topped = {"plain": pl.lit(True), "mixed_only": mixed, "and_pass": mixed | (kind == "pass"),
+              "and_fail": mixed | (kind == "fail"), "break_even": mixed | pl.col("worth"),
+              "oracle": pl.col("informative")}
+    out = []
+    for rule, up in topped.items():
+        screened = rule not in ("plain", "oracle")  # plain and the oracle draw G at once, no screen
+        drawn = groups if rule != "oracle" else groups.filter(pl.col("informative"))
+        tokens = pl.when(up).then(pl.col("screen_tokens") + pl.col("topup_tokens")).otherwise(
+            pl.col("screen_tokens") if screened else 0)
+        out.append(drawn.group_by("stratum").agg(
+            pl.lit(rule).alias("rule"), pl.len().alias("groups"),
+            (pl.col("informative") & up).sum().alias("informative"), tokens.sum().alias("tokens")))
+    return pl.concat(out).sort("stratum", "rule")
+
+
+def table(result: pl.DataFrame) -> tuple[list[str], dict]:
+    """The printed lines and the --json figures."""
+    strata = sorted(result["stratum"].unique().to_list())
+    total = result.group_by("rule").agg(pl.col("informative", "tokens").sum())
+    per = {r: t / max(i, 1) for r, i, t in total.iter_rows()}
+    lines = ["tokens per informative group (ratio: plain's / the rule's; above 1 is fewer tokens than plain GRPO)",
+             f"{'rule':<11} {'all strata':>18}  " + "  ".join(f"s{i}" for i in range(len(strata)))]
+    figures: dict = {}
+    for rule in RULES:
+        cells = []
+        mine = result.filter(pl.col("rule") == rule)
+        inf = mine["informative"].sum()
+        for i, s in enumerate(strata):
+            row = mine.filter(pl.col("stratum") == s).row(0, named=True)
+            cells.append(f"{row['tokens'] / max(row['informative'], 1):6.0f} ({row['informative'] / max(inf, 1):.0%})")
+            figures[f"informative_share_{rule}_{i}"] = round(row["informative"] / max(inf, 1), 4)
+        lines.append(f"{rule:<11} {per[rule]:7.1f} x{per['plain'] / per[rule]:4.2f}     " + "  ".join(cells))
+        figures[f"tokens_per_informative_{rule}"] = round(per[rule], 2)
+        figures[f"ratio_{rule}"] = round(per["plain"] / per[rule], 4)
+    lines += ["cells: tokens per informative group (the stratum's share of the rule's informative groups)",
+              *(f"s{i}: {s}" for i, s in enumerate(strata))]
+    return lines, figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--store", default=str(REPO / "benchmarks" / "evidence-v3" / "store"))
+    ap.add_argument("--runs", default="ev-uniform-", help="run-id prefix of runs that drew full groups")
+    ap.add_argument("--screen-samples", type=int, default=2)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    from storage.query import scan
+    from storage.store import Store
+
+    store = Store(a.store)
+    runs = pl.col("run_id").str.starts_with(a.runs)
+    pool = scan(store, "pool")
+    stratum = pl.col("stratum") if "stratum" in pool.collect_schema().names() else pl.lit(None, pl.String)
+    strata = pool.filter(runs & (pl.col("round") == 0)).select(
+        "run_id", "prompt_id", stratum.fill_null("(no stratum)").alias("stratum")).unique()
+    rows = scan(store, "rollouts").filter(runs).select("run_id", "round", "prompt_id", "sample_idx", "reward",
+                                                       "n_tokens").join(strata, on=["run_id", "prompt_id"])
+    rows = rows.collect()
+    if rows.height == 0:
+        print(f"screening_ceiling: no rollouts of runs starting {a.runs!r} in {a.store}", file=sys.stderr)
+        return 2
+    try:
+        groups = screen_kinds(rows, a.screen_samples)
+    except ValueError as e:
+        print(f"screening_ceiling: {e}", file=sys.stderr)
+        return 2
+    lines, figures = table(counterfactual(groups))
+    runs_n = rows["run_id"].n_unique()
+    print(f"{groups.height} full groups of {int(groups['size'][0])} from {runs_n} run(s) {a.runs}* in {a.store}; "
+          f"screen = the first {a.screen_samples} samples")
+    print("\n".join(lines))
+    if a.json:
+        figures.update(groups=groups.height, group_size=int(groups["size"][0]), screen_samples=a.screen_samples)
+        Path(a.json).write_text(json.dumps(figures, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
