@@ -10,6 +10,11 @@ screen. For each prior (`pooled`, `fitted`) it prints:
 - simulated samples per informative group of the screening rule (screen k_s, top up mixed screens and unanimous
   ones at P >= threshold), optionally skipping candidates whose predicted P(informative group) is below a cut,
   against the named baseline: the same groups generated whole (uniform).
+- the area under the ROC curve of three predictions of an informative group (rewards not all equal) made before
+  round r generates anything: the fitted posterior's P(informative group) (its bin); the share of informative
+  groups among the k nearest earlier groups of the run by prompt embedding (`embeddings`, cosine; `--knn`);
+  and the prompt's own groups in the store's other matched runs (else its nearest prompts' there), what a
+  store holding earlier runs of the pool could tell a new run (`--json`: auc_bin, auc_knn, auc_other_runs).
 The replay is offline (no model runs) and exact for the groups the store holds, but an idealised screening:
 each decision uses the posterior from before the round (the collect refits it with every screen of the round
 so far), the round's cap on posterior top-ups and the batch size B are not applied, and a screen's passes are
@@ -60,7 +65,7 @@ def replay(store: Store, run: str, ks: int) -> pl.DataFrame:
         for (pid,), g in rows.filter(pl.col("round") == r).group_by("prompt_id"):
             rewards = g.sort("sample_idx")["reward"].to_list()
             screen = rewards[:ks]
-            out.append({"run": run, "round": r, "screen_pass": sum(x == 1.0 for x in screen),
+            out.append({"run": run, "round": r, "prompt_id": pid, "screen_pass": sum(x == 1.0 for x in screen),
                         "screen_mixed": len(set(screen)) > 1, "group_mixed": len(set(rewards)) > 1,
                         "rest_differs": len(set(rewards)) > 1 and len(set(screen)) == 1, "g": len(rewards),
                         **{f"{p}_{k}": post[p][pid][i] for p in PRIORS for i, k in enumerate("ab")}})
@@ -113,6 +118,50 @@ def figures(df: pl.DataFrame, ks: int, threshold: float, skips: list[float]) -> 
     return out
 
 
+def _unit(v) -> np.ndarray:
+    m = np.stack([np.asarray(x, np.float32) for x in v])
+    return m / np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
+
+
+def predictor_auc(store: Store, replayed: pl.DataFrame, k: int) -> dict:
+    """AUC of the fitted posterior, a k-NN over the run's earlier groups and the other runs' groups (module
+    docstring) over the groups of `replayed` (`replay`'s rows); {} where the store lacks their embeddings."""
+    from sklearn.metrics import roc_auc_score
+
+    runs = replayed["run"].unique().sort().to_list()
+    groups = (scan(store, "rollouts").filter(pl.col("run_id").is_in(runs)).group_by("run_id", "round", "prompt_id")
+              .agg((pl.col("reward").max() > pl.col("reward").min()).alias("informative")).collect())
+    emb = (scan(store, "embeddings").filter(pl.col("prompt_id").is_in(groups["prompt_id"].unique().to_list()))
+           .select("prompt_id", "vector").collect().unique("prompt_id"))
+    if emb.height < groups["prompt_id"].n_unique():
+        return {}
+    vec = dict(zip(emb["prompt_id"].to_list(), _unit(emb["vector"].to_list())))
+    y, p_knn, p_other = [], [], []
+    for run in runs:
+        mine, other = groups.filter(pl.col("run_id") == run), groups.filter(pl.col("run_id") != run)
+        seen = other.group_by("prompt_id").agg(pl.col("informative").mean())
+        rate = dict(seen.iter_rows())
+        for r in range(1, int(mine["round"].max()) + 1):
+            past, now = mine.filter(pl.col("round") < r), mine.filter(pl.col("round") == r).sort("prompt_id")
+            here = np.stack([vec[q] for q in now["prompt_id"]])
+            near = np.argsort(-(here @ np.stack([vec[q] for q in past["prompt_id"]]).T), axis=1)[:, :k]
+            p_knn += list(past["informative"].to_numpy().astype(float)[near].mean(axis=1))
+            if seen.height:
+                far = np.argsort(-(here @ np.stack([vec[q] for q in seen["prompt_id"]]).T), axis=1)[:, :k]
+                nearest = seen["informative"].to_numpy()[far].mean(axis=1)
+                p_other += [rate.get(q, f) for q, f in zip(now["prompt_id"], nearest)]
+            y += now["informative"].to_list()
+    ordered = replayed.sort("run", "round", "prompt_id")
+    a, b, g = ordered["fitted_a"].to_numpy(), ordered["fitted_b"].to_numpy(), ordered["g"].to_numpy()
+    p_bin = 1 - _moment(a, b, g, 0) - _moment(a, b, 0, g)
+    assert ordered["group_mixed"].to_list() == y, "the replay and the groups disagree"
+    out = {"auc_bin": float(roc_auc_score(y, p_bin)), "auc_knn": float(roc_auc_score(y, p_knn)),
+           "informative_rate": float(np.mean(y)), "groups": len(y), "knn": k}
+    if len(p_other) == len(y):
+        out["auc_other_runs"] = float(roc_auc_score(y, p_other))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", default="benchmarks/evidence-v2/store")
@@ -120,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--screen-samples", type=int, default=2)
     ap.add_argument("--threshold", type=float, default=0.7, help="rollout.screen_topup_threshold")
     ap.add_argument("--skip", default="0,0.3", help="P(informative group) cuts to simulate skipping below")
+    ap.add_argument("--knn", type=int, default=10, help="neighbours of the k-NN prediction")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     store = Store(a.store)
@@ -129,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"prior_calibration: no run of {a.store} matches {a.runs!r}")
     per_run = {r: figures(replay(store, r, a.screen_samples), a.screen_samples, a.threshold,
                           [float(x) for x in a.skip.split(",")]) for r in runs}
-    both = figures(pl.concat([replay(store, r, a.screen_samples) for r in runs]), a.screen_samples, a.threshold,
-                   [float(x) for x in a.skip.split(",")])
+    replayed = pl.concat([replay(store, r, a.screen_samples) for r in runs])
+    both = figures(replayed, a.screen_samples, a.threshold, [float(x) for x in a.skip.split(",")])
+    both["auc"] = predictor_auc(store, replayed, a.knn)
     base = both["uniform_samples_per_informative"]
     print(f"{len(runs)} runs, {both['groups']} groups of {both['group_size']} replayed with a screen of "
           f"{a.screen_samples}; baseline: uniform (whole groups) {base:.1f} samples per informative group")
@@ -145,6 +196,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{s['samples_per_informative']:.1f} samples per informative group, "
                   f"{base / s['samples_per_informative']:.2f}x uniform (runs: median "
                   f"{statistics.median(spread):.1f}, {min(spread):.1f}-{max(spread):.1f})")
+    auc = both["auc"]
+    print(f"AUC of an informative group, predicted before its round ({auc['groups']} groups, "
+          f"{auc['informative_rate']:.3f} informative): fitted bin posterior {auc['auc_bin']:.3f}, {a.knn}-NN over "
+          f"the run's earlier groups by embedding {auc['auc_knn']:.3f}, the prompt's groups in the other runs "
+          f"{auc['auc_other_runs']:.3f}" if "auc_other_runs" in auc else
+          f"AUC: fitted bin posterior {auc['auc_bin']:.3f}, {a.knn}-NN {auc['auc_knn']:.3f}" if auc else
+          "AUC: the store holds no embeddings of these prompts")
     if a.json:
         Path(a.json).write_text(json.dumps({"store": a.store, "runs": runs, "all": both, "per_run": per_run}, indent=1))
     return 0

@@ -17,6 +17,8 @@ Figure of merit: generated tokens per informative group (rewards not all equal),
 source entry) and over all, and its ratio to `plain`'s (above 1: fewer tokens per informative group than plain
 GRPO), with each rule's informative groups by stratum as a share (the composition the held-out set sees).
 Screening draws candidates as the baseline drew them, so a rule's composition is plain's, thinned by the rule.
+benchmarks/prior_calibration.py replays the shipped rule itself (its posterior, its threshold); this bounds every
+rule of the family, and how far prediction alone could go.
 
     python benchmarks/screening_ceiling.py [--store benchmarks/evidence-v3/store] [--runs ev-uniform-]
                                            [--screen-samples 2] [--json PATH]

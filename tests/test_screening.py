@@ -427,3 +427,36 @@ def test_the_screening_counterfactual_replays_each_top_up_rule_on_full_groups():
     assert figures["ratio_oracle"] == round(80 / (140 / 3), 4) and figures["ratio_mixed_only"] == round(80 / 140, 4)
     with pytest.raises(ValueError, match="needs full groups of one size above --screen-samples 4"):
         ceiling.screen_kinds(rows, 4)
+
+
+def test_prior_calibration_reads_a_store_holding_the_same_run_twice_as_a_perfect_prediction(tmp_path):
+    """benchmarks/prior_calibration.py's predictors of an informative group: in a copy of the golden scripted
+    store with a twin of its run landed beside it, the other run's groups of each prompt predict every group of
+    rounds >= 1 exactly (AUC 1), while the bin posterior and the k-NN, which see only the run's own earlier
+    rounds, read the same with the twin as without it."""
+    import importlib.util
+    import json as json_
+    import shutil
+
+    from storage.query import scan
+
+    root = Path(__file__).parent.parent
+    shutil.copytree(root / "tests" / "data" / "golden" / "scripted", tmp_path / "s")
+    store = Store(tmp_path / "s")
+    rows = scan(store, "rollouts").filter(pl.col("run_id") == "scripted").collect()
+    for (r,), part in rows.group_by("round"):
+        store.commit("twin-collect", {"rollouts": part.with_columns(pl.lit("twin").alias("run_id")).to_arrow()},
+                     run_id="twin", round=r)
+    spec = importlib.util.spec_from_file_location("pc", root / "benchmarks" / "prior_calibration.py")
+    pc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pc)
+    out = tmp_path / "pc.json"
+    assert pc.main(["--store", str(tmp_path / "s"), "--runs", "%", "--json", str(out)]) == 0
+    figures = json_.loads(out.read_text())
+    assert figures["runs"] == ["scripted", "twin"]
+    auc = figures["all"]["auc"]
+    assert auc["groups"] == 2 * figures["per_run"]["scripted"]["groups"] and 0 < auc["informative_rate"] < 1
+    assert auc["auc_other_runs"] == 1.0
+    alone = pc.predictor_auc(store, pc.replay(store, "scripted", 2), 10)
+    assert "auc_other_runs" not in alone  # only the runs matched count as the store's other runs
+    assert (alone["auc_bin"], alone["auc_knn"]) == (auc["auc_bin"], auc["auc_knn"])
