@@ -78,6 +78,10 @@ def _rounds(config: RunConfig, store: Store) -> dict:
     if previous is not None:
         config = keep_stored(config, previous)
     changes = check_resume(config, previous) if previous is not None else None
+    if previous is not None and store.landed(config.run_id, config.rounds, "collect"):
+        raise ValueError(f"run {config.run_id} has already run round {config.rounds}: rounds = {config.rounds} would "
+                         f"end it before rounds it has landed (and evaluate a checkpoint that may be pruned); "
+                         f"resume with rounds above {config.rounds}, or choose a new --run-id")
     status = mark(store, config.run_id, "running", config.model_dump(mode="json"), reason=changes)
     stages: list[dict] = []
     budget = None
