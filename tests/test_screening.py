@@ -460,3 +460,16 @@ def test_prior_calibration_reads_a_store_holding_the_same_run_twice_as_a_perfect
     alone = pc.predictor_auc(store, pc.replay(store, "scripted", 2), 10)
     assert "auc_other_runs" not in alone  # only the runs matched count as the store's other runs
     assert (alone["auc_bin"], alone["auc_knn"]) == (auc["auc_bin"], auc["auc_knn"])
+
+
+def test_a_stored_config_says_whether_its_run_screened():
+    """tasks/reporting/page.py `screened_samples` reads k_s off a stored config by `screening_applies`' rule."""
+    from tasks.reporting.page import screened_samples
+
+    def stored(ks, selector="kmeans", g=8):
+        return {"rollout": {"screen_samples": ks, "group_size": g}, "select": {"selector": selector}}
+
+    assert screened_samples(stored(2)) == 2 and screened_samples(stored(3, "uniform")) == 3
+    assert screened_samples({}) == 0  # stored before screening existed: G at once
+    assert [screened_samples(c) for c in (stored(8), stored(0), stored(2, "dapo_filter"), stored(2, "all"),
+                                          stored(2, "no-such-selector"))] == [0, 0, 0, 0, 0]
