@@ -83,14 +83,14 @@ def test_a_row_naming_another_folder_is_never_deleted(store, tmp_path):
 
 
 def test_a_resume_that_lowers_rounds_below_the_landed_ones_is_refused_in_one_line(prefect_api, tmp_path):
-    """rounds = 1 on a run that ran 3 would make round 0 its last and evaluate v1 at the run's end, a folder
-    keep_checkpoints = evaluated deleted: refused before anything changes; the same rounds still resume."""
+    """rounds = 1 on a run that ran 2 would make round 0 its last and evaluate v1 at the run's end, a folder
+    keep_checkpoints = evaluated may have deleted: refused before anything changes; the same rounds resume."""
     store = Store(tmp_path / "store")
     sets = [*SETS, "train.keep_checkpoints=evaluated"]
-    curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=3))
+    curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=2))
     status = q(store, "SELECT status FROM runs WHERE run_id = 'lean' ORDER BY created_at")
     with pytest.raises(ValueError, match=r"^run lean has already run round 1: rounds = 1 would end it before") as e:
         curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=1))
     assert "\n" not in str(e.value)
     assert q(store, "SELECT status FROM runs WHERE run_id = 'lean' ORDER BY created_at") == status  # unmarked
-    assert curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=3))["started_as"] == "resumed"
+    assert curriculum(load_config(sets=sets, run_id="lean", store=store.root, rounds=2))["started_as"] == "resumed"
