@@ -29,8 +29,10 @@ give each core a store of its own and the runs it makes, then merge them into on
     OMP_NUM_THREADS=1 taskset -c 1 python benchmarks/evidence.py --store B --arms ... --run --only ev-uniform-s1,...
     python benchmarks/evidence.py --store A --arms ... --merge-from B --partial
 
-(each run is made exactly as the whole comparison makes it; the store holding the plan's first run scores the
-base model on the external sets; evidence_design.py `merge_runs` says what a merge copies and refuses).
+(each run is made exactly as the whole comparison makes it, and a part ends without a page; the store holding
+the plan's first run scores the base model on the external sets; a merge takes the runs finished and scored
+there, refuses runs of another design before copying anything, and evidence_design.py `merge_runs` says what
+it copies and refuses).
 Runs go one after the other through flows/compare.py (`refinery compare` does the same for any arms); the page
 is tasks/compare/page.py over the queries of tasks/compare/figures.py. Before writing, every run's stored config
 is checked against the design (the shared config, `--set`, its arm and seed): a store whose runs were made
@@ -203,8 +205,10 @@ def _main(a: argparse.Namespace) -> int:
         ready = finished(source, [r.run_id for r in planned])
         ready &= externally_scored(source, sorted(ready), names)  # a finished run is scored on them last
         runs = only if only is not None else sorted(ready - here)
-        merge_runs(source, Store(a.store), runs, names)
-        print(f"evidence: merged {len(runs)} run(s) from {a.merge_from}: {', '.join(runs) or 'none'}", flush=True)
+        check_design(source, [r for r in planned if r.run_id in set(runs) & ready], a.config, [])  # before a copy
+        merged = merge_runs(source, Store(a.store), runs, names)
+        print(f"evidence: merged {len(merged)} run(s) from {a.merge_from}: {', '.join(merged) or 'none'}",
+              flush=True)
     if a.run:
         from flows.compare import prepare_comparison, run_comparison
         from flows.server.prefect_setup import prepare_prefect
@@ -221,6 +225,10 @@ def _main(a: argparse.Namespace) -> int:
     store = Store(a.store)
     done = finished(store, [r.run_id for r in planned])
     missing = [r.run_id for r in planned if r.run_id not in done]
+    if missing and not a.partial and (only is not None or a.merge_from):  # a part of the comparison, as asked
+        print(f"evidence: {len(missing)} planned run(s) not in {a.store} yet (first: {missing[0]}); the page waits "
+              "for them (or --partial)", flush=True)
+        return 0
     if missing and not a.partial:
         print(f"evidence: {len(missing)} planned run(s) not finished (first: {missing[0]}); pass --run to run "
               "them, or --partial for a page of the finished ones", file=sys.stderr)

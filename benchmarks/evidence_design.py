@@ -178,8 +178,14 @@ def estimate(store, planned, config: str, shared: list[str]) -> list[str]:
 MERGE_SKIPS = {"_checkpoints", "_reports", ".tmp", ".locks", ".prefect"}  # weights, reports, temporaries: not data
 
 
-def _files(folder: Path) -> dict[str, int]:
-    return {str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()}
+def _same_files(a: Path, b: Path) -> bool:
+    """Two folders holding the same relative paths with the same bytes."""
+    import filecmp
+
+    files = {str(f.relative_to(a)) for f in a.rglob("*") if f.is_file()}
+    if files != {str(f.relative_to(b)) for f in b.rglob("*") if f.is_file()}:
+        return False
+    return all(filecmp.cmp(a / f, b / f, shallow=False) for f in files)
 
 
 def externally_scored(store, run_ids: list[str], datasets: list[str]) -> set[str]:
@@ -200,13 +206,15 @@ def externally_scored(store, run_ids: list[str], datasets: list[str]) -> set[str
 def merge_runs(source, target, run_ids: list[str], datasets: list[str] = ()) -> list[str]:
     """Copy finished runs from `source` into `target` (two local stores of one comparison, each run made in one
     of them: `benchmarks/evidence.py --run --only`), so that runs can go at once, one per core, and meet in one
-    store. Per run: its `run_id=<run>` folder of every table (`_landed` included), staged under the target's
-    .tmp and moved into place, `runs` and `_landed` last; the shared `run_id=_ingest` stage files the target
-    lacks (their names hash their content: one name is one stage); its `_machines.jsonl` lines. Weights and
-    reports stay behind. A run whose folders are already in the target with the same files (a merge that
-    stopped part way, run again) is completed, not refused; one that differs, or is not finished in the
-    source, or (with `datasets`, external sets' names) whose newest checkpoint is not scored on them there yet,
-    is refused before anything is copied. Returns the runs merged."""
+    store. First what is harmless alone: the shared `run_id=_ingest` stage files the target lacks (their names
+    hash their content: one name is one stage) and the runs' `_machines.jsonl` lines. Then per run, its
+    `run_id=<run>` folder of every table (`_landed` included), copied into a temporary folder the target's
+    cleanup leaves alone and moved into place under the target's commit lock, data first, `runs` and `_landed`
+    (what makes the run readable and finished) last. Weights and reports stay behind. A run whose folders are
+    already in the target with the same bytes (a merge that stopped part way, run again) is completed, not
+    refused; one whose folders there differ, one not finished in the source, or (with `datasets`, external
+    sets' names) one whose newest checkpoint is not scored on them there yet, is refused before anything is
+    copied. Returns the runs that were not already whole in the target."""
     import shutil
 
     src, dst = Path(source.root), Path(target.root)
@@ -224,24 +232,16 @@ def merge_runs(source, target, run_ids: list[str], datasets: list[str] = ()) -> 
                          "(its comparison is still evaluating it)")
     tables = sorted((p.name for p in src.iterdir() if p.is_dir() and p.name not in MERGE_SKIPS),
                     key=lambda t: (t == "_landed", t == "runs", t))  # what marks a run finished goes last
+    todo: dict[str, list[str]] = {}
     for run in run_ids:
         for table in tables:
             part, there = src / table / f"run_id={run}", dst / table / f"run_id={run}"
-            if part.is_dir() and there.exists() and _files(there) != _files(part):
+            if part.is_dir() and there.exists() and not _same_files(there, part):
                 raise ValueError(f"merging runs: {run} is in {dst} already ({table}) with other files; "
                                  "remove it there or leave it out")
-    stage = dst / ".tmp" / "merge"
-    for run in run_ids:
-        for table in tables:
-            part, there = src / table / f"run_id={run}", dst / table / f"run_id={run}"
-            if not part.is_dir() or there.exists():
-                continue
-            staged = stage / table / part.name
-            shutil.rmtree(staged, ignore_errors=True)
-            shutil.copytree(part, staged)
-            there.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staged, there)
-    for table in tables:
+            if part.is_dir() and not there.exists():
+                todo.setdefault(run, []).append(table)
+    for table in tables:  # shared stages and where the runs ran: harmless before the runs' own rows
         shared = src / table / "run_id=_ingest"
         for f in (shared.rglob("*") if shared.is_dir() else []):
             to = dst / f.relative_to(src)
@@ -255,5 +255,15 @@ def merge_runs(source, target, run_ids: list[str], datasets: list[str] = ()) -> 
     if new:
         with open(dst / "_machines.jsonl", "a") as out:
             out.write("".join(ln + "\n" for ln in new))
-    shutil.rmtree(stage, ignore_errors=True)
-    return run_ids
+    for run, parts in todo.items():
+        stage = Path(target._claim_tmp())
+        try:
+            for table in parts:
+                shutil.copytree(src / table / f"run_id={run}", stage / table)
+            with target.lock("commit"):  # the target's cleanup scans under it: it never sees half a run
+                for table in parts:
+                    (dst / table).mkdir(parents=True, exist_ok=True)
+                    os.replace(stage / table, dst / table / f"run_id={run}")
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    return list(todo)

@@ -132,7 +132,8 @@ def predictor_auc(store: Store, replayed: pl.DataFrame, k: int) -> dict:
     groups = (scan(store, "rollouts").filter(pl.col("run_id").is_in(runs)).group_by("run_id", "round", "prompt_id")
               .agg((pl.col("reward").max() > pl.col("reward").min()).alias("informative")).collect())
     emb = (scan(store, "embeddings").filter(pl.col("prompt_id").is_in(groups["prompt_id"].unique().to_list()))
-           .select("prompt_id", "vector").collect().unique("prompt_id"))
+           .select("prompt_id", "embedder", "vector").collect().sort("embedder", "prompt_id")
+           .unique("prompt_id", keep="first", maintain_order=True))  # one embedder's vector, whichever run asks
     if emb.height < groups["prompt_id"].n_unique():
         return {}
     vec = dict(zip(emb["prompt_id"].to_list(), _unit(emb["vector"].to_list())))
@@ -143,6 +144,8 @@ def predictor_auc(store: Store, replayed: pl.DataFrame, k: int) -> dict:
         rate = dict(seen.iter_rows())
         for r in range(1, int(mine["round"].max()) + 1):
             past, now = mine.filter(pl.col("round") < r), mine.filter(pl.col("round") == r).sort("prompt_id")
+            if now.height == 0 or past.height == 0:
+                continue  # a round without groups (replay has none for it either)
             here = np.stack([vec[q] for q in now["prompt_id"]])
             near = np.argsort(-(here @ np.stack([vec[q] for q in past["prompt_id"]]).T), axis=1)[:, :k]
             p_knn += list(past["informative"].to_numpy().astype(float)[near].mean(axis=1))
@@ -154,7 +157,8 @@ def predictor_auc(store: Store, replayed: pl.DataFrame, k: int) -> dict:
     ordered = replayed.sort("run", "round", "prompt_id")
     a, b, g = ordered["fitted_a"].to_numpy(), ordered["fitted_b"].to_numpy(), ordered["g"].to_numpy()
     p_bin = 1 - _moment(a, b, g, 0) - _moment(a, b, 0, g)
-    assert ordered["group_mixed"].to_list() == y, "the replay and the groups disagree"
+    if ordered["group_mixed"].to_list() != y:
+        raise ValueError("prior_calibration: the replayed groups and the stored ones disagree")
     out = {"auc_bin": float(roc_auc_score(y, p_bin)), "auc_knn": float(roc_auc_score(y, p_knn)),
            "informative_rate": float(np.mean(y)), "groups": len(y), "knn": k}
     if len(p_other) == len(y):

@@ -6,12 +6,11 @@ top-up rule can be replayed on the same groups, and set beside the baseline that
 - `plain`: every group in full (the baseline: what the store's runs spent and made);
 - `mixed_only`: top up only the screens whose rewards differ (what screening keeps for sure);
 - `and_pass`: those and the unanimous all-correct screens; `and_fail`: those and the unanimous others;
-- `break_even`: per stratum, a kind of unanimous screen (all-correct, other) is topped up iff its top-up costs
-  no more tokens per informative group, t_k / P_k, than screening fresh candidates of the stratum and topping
-  up their mixed screens, c / q + t_mixed (P_k: the share of the kind's full groups that came out mixed; q:
-  the stratum's share of mixed screens; c, t: mean screen and top-up tokens; in samples it reads
-  P_k >= (G-k_s) q / (k_s + (G-k_s) q)). It reads these off the very groups it is scored on: an oracle for the
-  rule, about the most a per-stratum top-up rule could make;
+- `best`: the set of kinds of unanimous screens (all-correct, other) per stratum to top up, besides the mixed
+  ones, that gives the fewest tokens per informative group over all strata (`best_topups`: a kind is in it
+  iff its top-up tokens per informative group it completes are below that optimum, Dinkelbach's iteration).
+  It reads them off the very groups it is scored on: with hindsight, the most any top-up rule that decides by
+  stratum and screen outcome could make;
 - `oracle`: only the groups that came out mixed, in full: the most any prediction before generating could make.
 Figure of merit: generated tokens per informative group (rewards not all equal), per stratum (round 0's pool
 source entry) and over all, and its ratio to `plain`'s (above 1: fewer tokens per informative group than plain
@@ -44,7 +43,7 @@ import polars as pl  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-RULES = ["plain", "mixed_only", "and_pass", "and_fail", "break_even", "oracle"]
+RULES = ["plain", "mixed_only", "and_pass", "and_fail", "best", "oracle"]
 
 
 def screen_kinds(rows: pl.DataFrame, screen_samples: int) -> pl.DataFrame:
@@ -68,29 +67,49 @@ def screen_kinds(rows: pl.DataFrame, screen_samples: int) -> pl.DataFrame:
     return groups.with_columns(kind.alias("kind")).drop("screen_mixed", "screen_pass")
 
 
+def best_topups(groups: pl.DataFrame) -> set[tuple[str, str]]:
+    """The (stratum, kind) pairs of unanimous screens whose top-ups, with the mixed screens', give the fewest
+    tokens per informative group over all strata: the minimal ratio (A + sum c_k) / (B + sum b_k) over subsets
+    of kinds (A, B: every screen's tokens plus the mixed screens' top-ups, and their informative groups; c_k,
+    b_k: a kind's top-up tokens and the informative groups they complete) holds exactly the kinds with
+    c_k / b_k below the optimum itself, which Dinkelbach's iteration finds in a few steps."""
+    mixed = pl.col("kind") == "mixed"
+    a = float(groups["screen_tokens"].sum() + groups.filter(mixed)["topup_tokens"].sum())
+    b = float(groups.filter(mixed).height)
+    kinds = groups.filter(~mixed).group_by("stratum", "kind").agg(pl.col("topup_tokens").sum().alias("c"),
+                                                                    pl.col("informative").sum().alias("b"))
+    kinds = [(s, k, float(c), float(n)) for s, k, c, n in kinds.iter_rows() if n > 0]
+    chosen: set[tuple[str, str]] = set()
+    while True:
+        ratio = (a + sum(c for s, k, c, n in kinds if (s, k) in chosen)) / max(
+            b + sum(n for s, k, c, n in kinds if (s, k) in chosen), 1e-12)
+        better = {(s, k) for s, k, c, n in kinds if c / n < ratio}
+        if better == chosen:
+            return chosen
+        chosen = better
+
+
 def counterfactual(groups: pl.DataFrame) -> pl.DataFrame:
-    """Per (stratum, rule): groups, informative groups, tokens (see the module docstring for the rules)."""
-    rates = groups.group_by("stratum", "kind").agg(pl.col("informative").mean().alias("p"),
-                                                   pl.col("topup_tokens").mean().alias("t"))
-    fresh = groups.group_by("stratum").agg(  # tokens per informative group from screening fresh candidates
-        (pl.col("screen_tokens").mean() / (pl.col("kind") == "mixed").mean()
-         + pl.col("topup_tokens").filter(pl.col("kind") == "mixed").mean()).alias("fresh"))
-    worth = rates.join(fresh, on="stratum", how="left").with_columns(
-        (pl.col("t") / pl.col("p") <= pl.col("fresh").fill_null(float("inf"))).fill_null(False).alias("worth"))
-    groups = groups.join(worth.select("stratum", "kind", "worth"), on=["stratum", "kind"])
+    """Per (stratum, rule): groups, informative groups, tokens (see the module docstring for the rules); a
+    stratum where a rule keeps nothing has its row, at zero."""
+    best = best_topups(groups)
+    groups = groups.with_columns(pl.struct("stratum", "kind").map_elements(
+        lambda x: (x["stratum"], x["kind"]) in best, return_dtype=pl.Boolean).alias("best"))
     mixed, kind = pl.col("kind") == "mixed", pl.col("kind")
     topped = {"plain": pl.lit(True), "mixed_only": mixed, "and_pass": mixed | (kind == "pass"),
-              "and_fail": mixed | (kind == "fail"), "break_even": mixed | pl.col("worth"),
-              "oracle": pl.col("informative")}
+              "and_fail": mixed | (kind == "fail"), "best": mixed | pl.col("best"), "oracle": pl.col("informative")}
+    strata = groups.select("stratum").unique()
     out = []
     for rule, up in topped.items():
         screened = rule not in ("plain", "oracle")  # plain and the oracle draw G at once, no screen
         drawn = groups if rule != "oracle" else groups.filter(pl.col("informative"))
         tokens = pl.when(up).then(pl.col("screen_tokens") + pl.col("topup_tokens")).otherwise(
             pl.col("screen_tokens") if screened else 0)
-        out.append(drawn.group_by("stratum").agg(
-            pl.lit(rule).alias("rule"), pl.len().alias("groups"),
-            (pl.col("informative") & up).sum().alias("informative"), tokens.sum().alias("tokens")))
+        got = drawn.group_by("stratum").agg(pl.len().alias("groups"),
+                                            (pl.col("informative") & up).sum().alias("informative"),
+                                            tokens.sum().alias("tokens"))
+        out.append(strata.join(got, on="stratum", how="left").fill_null(0).with_columns(pl.lit(rule).alias("rule"))
+                   .select("stratum", "rule", pl.col("groups", "informative", "tokens").cast(pl.Int64)))
     return pl.concat(out).sort("stratum", "rule")
 
 
@@ -135,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     strata = pool.filter(runs & (pl.col("round") == 0)).select(
         "run_id", "prompt_id", stratum.fill_null("(no stratum)").alias("stratum")).unique()
     rows = scan(store, "rollouts").filter(runs).select("run_id", "round", "prompt_id", "sample_idx", "reward",
-                                                       "n_tokens").join(strata, on=["run_id", "prompt_id"])
+                                                       "n_tokens").join(strata, on=["run_id", "prompt_id"],
+                                                                        how="left")
+    rows = rows.with_columns(pl.col("stratum").fill_null("(not in round 0's pool)"))  # variants made later
     rows = rows.collect()
     if rows.height == 0:
         print(f"screening_ceiling: no rollouts of runs starting {a.runs!r} in {a.store}", file=sys.stderr)

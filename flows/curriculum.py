@@ -79,9 +79,12 @@ def _rounds(config: RunConfig, store: Store) -> dict:
         config = keep_stored(config, previous)
     changes = check_resume(config, previous) if previous is not None else None
     if previous is not None and store.landed(config.run_id, config.rounds, "collect"):
-        raise ValueError(f"run {config.run_id} has already run round {config.rounds}: rounds = {config.rounds} would "
-                         f"end it before rounds it has landed (and evaluate a checkpoint that may be pruned); "
-                         f"resume with rounds above {config.rounds}, or choose a new --run-id")
+        last = config.rounds
+        while store.landed(config.run_id, last + 1, "collect"):
+            last += 1
+        raise ValueError(f"run {config.run_id} has already run rounds 0-{last}: rounds = {config.rounds} would end "
+                         f"it before rounds it has landed (and evaluate a checkpoint that may be pruned); resume "
+                         f"with rounds >= {last + 1}, or choose a new --run-id")
     status = mark(store, config.run_id, "running", config.model_dump(mode="json"), reason=changes)
     stages: list[dict] = []
     budget = None

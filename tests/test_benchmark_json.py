@@ -34,7 +34,7 @@ QUICK = {
                       "--thresholds", "0.7"],
                      {"informative_per_1k_off", "informative_per_1k_t0p7", "ratio_t0p7", "zero_variance_t0p7"}),
     "screening_ceiling.py": (["--store", "tests/data/golden/scripted", "--runs", "scripted"],
-                             {"ratio_break_even", "ratio_oracle", "tokens_per_informative_plain",
+                             {"ratio_best", "ratio_oracle", "tokens_per_informative_plain",
                               "informative_share_plain_0"}),
     "shape.py": (["--model", "tiny-random", "--traces", "2", "--steps", "1", "--max-new-tokens", "8", "--seeds", "2"],
                  {"shape_batched_s", "shape_batched_speedup", "shape_decisions_agree", "shape_decisions"}),

@@ -386,14 +386,17 @@ def test_merging_runs_copies_finished_runs_whole_and_refuses_the_rest(tmp_path):
     assert (ingest / "shared.parquet").read_bytes().endswith(b"dst:shared.parquet")  # one name, one stage: kept
     machines = [json.loads(x)["run_id"] for x in Path(dst.root, "_machines.jsonl").read_text().splitlines()]
     assert machines == ["ev-a-s0", "ev-a-s1"] and not Path(dst.root, ".tmp", "merge").exists()
-    # stopped part way (here: its runs folder never arrived), run again: completed, nothing doubled
+    # stopped part way (its data moved in, its runs rows and landing records not yet), run again: completed
     import shutil
 
-    shutil.rmtree(Path(dst.root, "runs", "run_id=ev-a-s1"))
+    for table in ("runs", "_landed"):
+        shutil.rmtree(Path(dst.root, table, "run_id=ev-a-s1"))
+    assert evidence.finished(dst, ["ev-a-s1"]) == set()
     assert evidence.merge_runs(src, dst, ["ev-a-s1"]) == ["ev-a-s1"]
     assert evidence.finished(dst, ["ev-a-s1"]) == {"ev-a-s1"}
-    assert len(Path(dst.root, "_machines.jsonl").read_text().splitlines()) == 2
-    Path(dst.root, "rollouts", "run_id=ev-a-s1", "round=0", "rows.parquet").write_bytes(b"other rows")
+    assert len(Path(dst.root, "_machines.jsonl").read_text().splitlines()) == 2  # nothing doubled
+    assert evidence.merge_runs(src, dst, ["ev-a-s1"]) == []  # whole there already: nothing to do
+    Path(dst.root, "rollouts", "run_id=ev-a-s1", "round=0", "rows.parquet").write_bytes(b"ev-a-s2")  # same size
     with pytest.raises(ValueError, match=r"ev-a-s1 is in .*dst already \(rollouts\) with other files"):
         evidence.merge_runs(src, dst, ["ev-a-s1"])
     with pytest.raises(ValueError, match="needs local stores"):
@@ -700,7 +703,6 @@ def test_the_component_yields_are_the_governors_per_round_means():
 
 
 @pytest.mark.slow
-@pytest.mark.slow
 def test_runs_made_in_two_stores_at_once_merge_into_the_comparison(milestoned, tmp_path, capsys):
     """`--run --only` in two stores (as two cores would), then `--merge-from`: the merged store holds every run
     and its page reads the same held-out pass@1, per arm and at each milestone, as the comparison run in one
@@ -712,10 +714,16 @@ def test_runs_made_in_two_stores_at_once_merge_into_the_comparison(milestoned, t
     args = ["--arms", "uniform,default", "--seeds", "2", "--config", str(design), "--dataset", str(data),
             *[x for s in [*sets, "rounds=4"] for x in ("--set", s)]]  # the fixture's compare(..., rounds=4)
     a, b = tmp_path / "a", tmp_path / "b"
-    assert evidence.main(["--store", str(a), *args, "--run", "--only", "ev-uniform-s0,ev-default-s0"]) == 2
-    assert "2 planned run(s) not finished (first: ev-uniform-s1)" in capsys.readouterr().err
-    assert evidence.main(["--store", str(b), *args, "--run", "--only", "ev-default-s1,ev-uniform-s1"]) == 2
+    assert evidence.main(["--store", str(a), *args, "--run", "--only", "ev-uniform-s0,ev-default-s0"]) == 0
+    assert "2 planned run(s) not in " in capsys.readouterr().out  # a part, as asked: no page
+    assert evidence.main(["--store", str(b), *args, "--run", "--only", "ev-default-s1,ev-uniform-s1"]) == 0
     assert evidence.finished(Store(b), [r.run_id for r in planned]) == {"ev-uniform-s1", "ev-default-s1"}
+    capsys.readouterr()
+    c = tmp_path / "c"  # runs of another design (here: without the scripted overrides) are refused uncopied
+    assert evidence.main(["--store", str(c), *args[:8], "--merge-from", str(b)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("evidence: ev-uniform-s1 was not run with this design") and err.count("\n") == 1
+    assert not (c / "rollouts").exists()
     out = tmp_path / "page.md"
     assert evidence.main(["--store", str(a), *args, "--merge-from", str(b), "--out", str(out)]) == 0
     assert "evidence: merged 2 run(s) from " in capsys.readouterr().out and out.exists()
@@ -735,6 +743,7 @@ def test_runs_made_in_two_stores_at_once_merge_into_the_comparison(milestoned, t
     assert "evidence: merged 0 run(s)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_evidence_json_for_the_calibration_arms(milestoned, tmp_path, capsys):
     evidence = _evidence_script()
     store, planned, sets, design, data = milestoned

@@ -419,10 +419,18 @@ def test_the_screening_counterfactual_replays_each_top_up_rule_on_full_groups():
     assert kinds["kind"].to_list() == ["mixed", "pass", "pass", "fail", "fail"]
     assert kinds["informative"].to_list() == [True, True, False, False, True]
     got = {r["rule"]: (r["informative"], r["tokens"]) for r in ceiling.counterfactual(kinds).iter_rows(named=True)}
-    # break-even: fresh screening costs 24 / (1/5) + 20 = 140 tokens per informative group; an all-correct
-    # screen's top-up 10 / 0.5 = 20 and a failing one's 40 / 0.5 = 80: both worth it, so every group is completed
+    # best: the screens and the mixed top-up cost 140 tokens for 1 informative group; the all-correct screens'
+    # top-ups add 20 tokens for 1, the failing ones' 80 for 1: the minimal ratio, 80, takes only the former (the
+    # latter ties it: 240 / 3)
     assert got == {"plain": (3, 240), "mixed_only": (1, 140), "and_pass": (2, 160), "and_fail": (2, 220),
-                   "break_even": (3, 240), "oracle": (3, 140)}
+                   "best": (2, 160), "oracle": (3, 140)}
+    never = pl.DataFrame([{"stratum": "b", "run_id": "r", "round": 0, "prompt_id": "h", "sample_idx": i,
+                           "reward": 0.0, "n_tokens": 30} for i in range(4)])  # a stratum never informative
+    both = ceiling.counterfactual(ceiling.screen_kinds(pl.concat([rows, never]), 2))
+    assert both.filter(pl.col("stratum") == "b").select("rule", "informative", "tokens").rows() == [
+        ("and_fail", 0, 120), ("and_pass", 0, 60), ("best", 0, 60), ("mixed_only", 0, 60), ("oracle", 0, 0),
+        ("plain", 0, 120)]  # never topped up by `best`, and a row for the oracle that draws nothing there
+    assert ceiling.table(both)[1]["informative_share_oracle_1"] == 0.0
     lines, figures = ceiling.table(ceiling.counterfactual(kinds))
     assert figures["ratio_oracle"] == round(80 / (140 / 3), 4) and figures["ratio_mixed_only"] == round(80 / 140, 4)
     with pytest.raises(ValueError, match="needs full groups of one size above --screen-samples 4"):
