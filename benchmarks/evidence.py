@@ -195,14 +195,15 @@ def _main(a: argparse.Namespace) -> int:
         print("\n".join(estimate(Store(a.store), planned, a.config, a.set)))
         return 0
     only = [x.strip() for x in a.only.split(",") if x.strip()] if a.only is not None else None
-    if only is not None and (unknown := [r for r in only if r not in {p.run_id for p in planned}]):
+    planned_ids = [r.run_id for r in planned]
+    if only is not None and (unknown := [r for r in only if r not in planned_ids]):
         raise ValueError(f"--only {', '.join(unknown)}: not a planned run of this comparison (planned: "
-                         f"{', '.join(p.run_id for p in planned)})")
+                         f"{', '.join(planned_ids)})")
     if a.merge_from:
         source = Store(a.merge_from)
-        here = finished(Store(a.store), [r.run_id for r in planned])
+        here = finished(Store(a.store), planned_ids)
         names = [Path(p).stem for p in datasets]
-        ready = finished(source, [r.run_id for r in planned])
+        ready = finished(source, planned_ids)
         ready &= externally_scored(source, sorted(ready), names)  # a finished run is scored on them last
         runs = only if only is not None else sorted(ready - here)
         check_design(source, [r for r in planned if r.run_id in set(runs) & ready], a.config, [])  # before a copy

@@ -142,6 +142,7 @@ def predictor_auc(store: Store, replayed: pl.DataFrame, k: int) -> dict:
         mine, other = groups.filter(pl.col("run_id") == run), groups.filter(pl.col("run_id") != run)
         seen = other.group_by("prompt_id").agg(pl.col("informative").mean())
         rate = dict(seen.iter_rows())
+        seen_vec = np.stack([vec[q] for q in seen["prompt_id"]]) if seen.height else None
         for r in range(1, int(mine["round"].max()) + 1):
             past, now = mine.filter(pl.col("round") < r), mine.filter(pl.col("round") == r).sort("prompt_id")
             if now.height == 0 or past.height == 0:
@@ -149,8 +150,8 @@ def predictor_auc(store: Store, replayed: pl.DataFrame, k: int) -> dict:
             here = np.stack([vec[q] for q in now["prompt_id"]])
             near = np.argsort(-(here @ np.stack([vec[q] for q in past["prompt_id"]]).T), axis=1)[:, :k]
             p_knn += list(past["informative"].to_numpy().astype(float)[near].mean(axis=1))
-            if seen.height:
-                far = np.argsort(-(here @ np.stack([vec[q] for q in seen["prompt_id"]]).T), axis=1)[:, :k]
+            if seen_vec is not None:
+                far = np.argsort(-(here @ seen_vec.T), axis=1)[:, :k]
                 nearest = seen["informative"].to_numpy()[far].mean(axis=1)
                 p_other += [rate.get(q, f) for q, f in zip(now["prompt_id"], nearest)]
             y += now["informative"].to_list()

@@ -92,9 +92,9 @@ def best_topups(groups: pl.DataFrame) -> set[tuple[str, str]]:
 def counterfactual(groups: pl.DataFrame) -> pl.DataFrame:
     """Per (stratum, rule): groups, informative groups, tokens (see the module docstring for the rules); a
     stratum where a rule keeps nothing has its row, at zero."""
-    best = best_topups(groups)
-    groups = groups.with_columns(pl.struct("stratum", "kind").map_elements(
-        lambda x: (x["stratum"], x["kind"]) in best, return_dtype=pl.Boolean).alias("best"))
+    best = pl.DataFrame(sorted(best_topups(groups)), schema={"stratum": pl.String, "kind": pl.String}, orient="row")
+    groups = groups.join(best.with_columns(pl.lit(True).alias("best")), on=["stratum", "kind"], how="left")
+    groups = groups.with_columns(pl.col("best").fill_null(False))
     mixed, kind = pl.col("kind") == "mixed", pl.col("kind")
     topped = {"plain": pl.lit(True), "mixed_only": mixed, "and_pass": mixed | (kind == "pass"),
               "and_fail": mixed | (kind == "fail"), "best": mixed | pl.col("best"), "oracle": pl.col("informative")}

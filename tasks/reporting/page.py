@@ -64,12 +64,12 @@ _QUERIES = {
 def screened_samples(config: dict) -> int:
     """k_s of a run that screened (tasks/sampling/screening.py `screening_applies`), else 0: a stored config
     without the field predates screening, and dapo_filter and `all` generate whole groups whatever it says."""
-    from tasks.sampling.screening import screens
+    from tasks.sampling.screening import screening_applies_to
     from tasks.selectors import REGISTRY
 
     rollout, name = config.get("rollout", {}), config.get("select", {}).get("selector", "kmeans")
     ks, g = int(rollout.get("screen_samples", 0)), int(rollout.get("group_size", 8))
-    return ks if name in REGISTRY and screens(ks, g, name) else 0  # an unknown selector: no screening known
+    return ks if name in REGISTRY and screening_applies_to(ks, g, name) else 0  # an unknown selector: no screening known
 
 
 def run_frames(store: Store, run_id: str, round: int | None = None) -> dict[str, pl.DataFrame]:

@@ -74,10 +74,10 @@ NOT_NEEDED = "not_needed"  # a top-up-worthy screen left unfinished: the batch a
 
 def screening_applies(cfg: RolloutConfig, selector_name: str) -> bool:
     """Whether this round screens (see the module docstring for where it does not)."""
-    return screens(cfg.screen_samples, cfg.group_size, selector_name)
+    return screening_applies_to(cfg.screen_samples, cfg.group_size, selector_name)
 
 
-def screens(screen_samples: int, group_size: int, selector_name: str) -> bool:
+def screening_applies_to(screen_samples: int, group_size: int, selector_name: str) -> bool:
     """`screening_applies` on the fields alone (a stored config's, tasks/reporting/page.py)."""
     chosen = selector(selector_name)
     return 0 < screen_samples < group_size and not chosen.generates and not chosen.whole_pool
