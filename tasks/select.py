@@ -40,7 +40,9 @@ class SelectConfig(Section):
 
     selector: Literal[SELECTORS] = Field(  # type: ignore[valid-type]  # the registry's names, known at import
         "kmeans", description="; ".join(f"{n}: {REGISTRY[n].description}" for n in SELECTORS))
-    batch_size: int = Field(48, ge=1, le=10_000_000, description="B: prompts selected per round")
+    batch_size: int = Field(16, ge=1, le=10_000_000, description="B: prompts selected per round (a screened round "
+                            "keeps B informative groups); 16 since evidence v5's pilots: small rounds keep sampling "
+                            "on the shrinking policy (docs/algorithms.md §4)")
     k_max: int = Field(64, ge=1, le=4096, description="K = min(k_max, ceil(candidates / 8))")
     temperature: float = Field(0.1, gt=0.0, le=100.0, description="T_sel of the cluster-weight softmax")
     bonus: float = Field(0.1, ge=0.0, le=10.0, description="exploration bonus for never-scored prompts")
