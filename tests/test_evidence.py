@@ -250,6 +250,7 @@ def test_evidence_script_writes_the_page_of_the_finished_runs(compared, tmp_path
     assert "Warning" not in page and figures["commits"] == ["tests"] and figures["dirty_runs"] == []
 
 
+@pytest.mark.slow  # it needs the `compared` runs (40 s), which only the slow tests build otherwise
 def test_the_evidence_page_refuses_mixed_commits_unless_allowed_and_then_warns_first(compared, tmp_path, capsys,
                                                                                       monkeypatch):
     import shutil
