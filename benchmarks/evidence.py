@@ -46,8 +46,8 @@ under the curve and the matched steps and seconds of its pair with `uniform` (ta
 benchmarks/evidence_reading.md (or `--reading PATH`), where it exists, is a hand-written reading of the figures
 (which part hurts, what changed and why); the page puts it under the generated verdict. It is dated and says
 which runs it read, since the tables regenerate and it does not. Each committed comparison keeps its own
-(`benchmarks/evidence_reading_v1.md`, `evidence_reading_v2.md` for the earlier pages, docs/evidence-v1.md and
-docs/evidence-v2.md).
+(`benchmarks/evidence_reading_v1.md`, `evidence_reading_v2.md`, `evidence_reading_v3.md` for the earlier pages,
+docs/evidence-v1.md, docs/evidence-v2.md and docs/evidence-v3.md).
 """
 
 from __future__ import annotations

@@ -805,7 +805,7 @@ def test_the_readme_evidence_paragraph_quotes_the_page():
     ("evidence-v1.md", "evidence", None, ["reasoning_gym_ood"], "| `refinery` | 3 | -0.059, -0.119, -0.127 |"),
     ("evidence-v2.md", "evidence-v2", (["uniform", "default"], 4), ["reasoning_gym_ood", "in_family_harder"],
      "| `default` | 4 | +0.007, -0.035, +0.030, +0.002 |"),
-    ("evidence.md", "evidence-v3", (["uniform", "default", "default_thompson"], 8),
+    ("evidence-v3.md", "evidence-v3", (["uniform", "default", "default_thompson"], 8),
      ["reasoning_gym_ood", "in_family_harder"],
      "| `default` | 8 | +0.012, -0.050, +0.040, -0.017, +0.020, -0.032, -0.035, -0.052 |")])
 def test_the_committed_stores_regenerate_the_committed_pages_figures(page, store, arms, datasets, line):

@@ -32,7 +32,7 @@ Choices, and why:
   (`stratified`, `rollout.screen_refill = "stratified"`): every prefix of the queue holds each bin at its share
   (within one prompt for up to three bins; see `stratified`), as a uniform draw does on average. Why: best
   first across bins fills the batch from the bins whose pass rate is nearest one half. In issue 50's decision
-  run (docs/evidence.md, 8 seeds) that moved the default's informative groups off two-digit sums (30% of them
+  run (docs/evidence-v3.md, 8 seeds) that moved the default's informative groups off two-digit sums (30% of them
   against uniform's 51%; the bin is half the held-out set) onto one-digit products (17% against 11%): it gained
   on the latter (held-out 0.930 against 0.790) and lost on the former (0.322 against 0.361). Stratified, the
   posterior still picks which prompts of a bin to screen first, and screening still drops a bin's unanimous

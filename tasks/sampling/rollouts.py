@@ -45,7 +45,7 @@ class RolloutConfig(Section):
     fewshot_k: int = Field(2, ge=0, le=16, description="CBRL: solved sibling demonstrations per prompt (0: off)")
     lope_prefixes: int = Field(0, ge=0, le=64, description="LoPE: Lorem-Ipsum system prefixes per all-fail "
                                "group (0: off, the default, since held-out pass@1 at equal generated tokens was lower "
-                               "with it on: docs/evidence.md)")
+                               "with it on: docs/evidence-v1.md)")
     lope_samples: int = Field(4, ge=0, le=64, description="LoPE: resamples per prefix")
     lope_max_groups: int = Field(4, ge=0, le=1_000_000, description="LoPE: all-fail groups resampled per round")
     include_reserve: bool = Field(False, description="reserve prompts are candidates too (default: only the "
