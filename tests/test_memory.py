@@ -78,8 +78,13 @@ def test_bf16_matmuls_of_many_shapes_leave_little_heap_behind():
     `models`, less than half of it (12.7 MB here). Only where torch runs bf16 matmuls through oneDNN."""
     import torch
 
+    from models.devices import native_bf16
+
     if not sys.platform.startswith("linux") or not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("bf16 matmuls do not run through oneDNN on this CPU")
+    if not native_bf16("cpu"):  # AVX-512 without AVX512_BF16/AMX: seen leaving 6.9 MB over the 80 shapes
+        pytest.skip("no native bf16 on this CPU: oneDNN emulates bf16 and caches little per shape (training "
+                    "autocasts to bf16 only with native bf16)")
 
     def left_mb(capacity: str | None) -> float:
         out = subprocess.run([sys.executable, "-c", SHAPES_PROBE], capture_output=True, text=True, check=True,
