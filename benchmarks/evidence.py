@@ -39,6 +39,8 @@ is checked against the design (the shared config, `--set`, its arm and seed): a 
 otherwise is refused, naming the run and the fields; and so is one whose runs come from more than one commit or
 from code with uncommitted changes (flows/compare.py `mixed_code`), unless `--allow-mixed`, when the page says so
 in its first lines. The page and `--json` (`commits`, `dirty_runs`) name the commits its runs were made at.
+Runs made in different arithmetic (bf16 and fp32: `model.dtype`, where "auto" follows the CPU's native bf16)
+are named in a warning first too (evidence_design.py `mixed_arithmetic`), not refused: the runs are made.
 `--json PATH` writes the page's headline figures (tasks/compare/headline.py): issue 49's `heldout_prompts`,
 `heldout_strata`, `eval_token_share`, and per arm under `arms` `pass1_at_budget`, `vs_uniform`,
 `relative_vs_uniform`, `paired_seeds`, `seed_test_p`, `power_seeds_needed`, `informative_ratio`, the area
@@ -76,6 +78,7 @@ from benchmarks.evidence_design import (  # noqa: E402
     machine,
     machines,
     merge_runs,
+    mixed_arithmetic,
     record_machine,
 )
 
@@ -243,6 +246,7 @@ def _main(a: argparse.Namespace) -> int:
 
     mixed = mixed_code(store, [r.run_id for r in planned], False, a.allow_mixed)  # refused unless --allow-mixed
     commits, dirty_runs = code_of_runs(store, [r.run_id for r in planned])
+    arithmetic = mixed_arithmetic(store, [r.run_id for r in planned])  # said first, not refused: the runs are made
     names = [Path(p).stem for p in datasets]
     ev = build(store, PREFIX, planned, names, design_budgets=budgets)
     out = Path(a.out)
@@ -261,6 +265,7 @@ def _main(a: argparse.Namespace) -> int:
         "# Evidence: the refined curriculum against uniform GRPO at equal generated tokens", "",
         *([f"**Warning, {mixed}**: the arms may differ by code as well as by design; read every difference "
            "with that in mind (`--allow-mixed`).", ""] if mixed else []),
+        *([f"**Warning, {arithmetic}**.", ""] if arithmetic else []),
         f"The runs on this page were made at commit{'s' if len(commits) > 1 else ''} "
         f"{', '.join(f'`{c[:12]}`' for c in commits)}"
         f"{f'; with uncommitted changes: {len(dirty_runs)} run(s)' if dirty_runs else ', with no uncommitted changes'}.",

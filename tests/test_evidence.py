@@ -351,6 +351,32 @@ def test_the_page_lists_where_each_run_ran(tmp_path):
         assert evidence.machines(store, ["a", "b", "c"]) == [f"- {evidence.machine()}: `a`, `b`", "- not recorded: `c`"]
 
 
+def test_runs_in_bf16_and_fp32_are_named_as_mixed_arithmetic(tmp_path):
+    """`mixed_arithmetic` reads each run's `model.dtype` ("auto": the machine it last started on) and names the
+    runs of each arithmetic in one line; one arithmetic, or runs with no machine record, say nothing."""
+    from storage.runs import mark
+    from storage.store import Store
+
+    evidence = _evidence_script()
+    store = Store(tmp_path / "store")
+    amd = "AMD EPYC, 2 cores visible, native bf16: avx512_bf16; Python 3.11.7, torch 2.13.0+cpu, 1 threads"
+    xeon = "Intel(R) Xeon(R) Processor, 2 cores visible, native bf16: no; Python 3.11.7, torch 2.13.0+cpu, 1 threads"
+    records = [("ev-a-s0", xeon), ("ev-a-s0", amd), ("ev-a-s1", amd), ("ev-b-s0", xeon)]  # the last start counts
+    Path(store.root).mkdir(parents=True)
+    Path(store.root, "_machines.jsonl").write_text("".join(json.dumps({"run_id": r, "machine": m}) + "\n"
+                                                           for r, m in records))
+    for run, dtype in (("ev-a-s0", "auto"), ("ev-a-s1", "auto"), ("ev-b-s0", "auto"), ("ev-b-s1", "bf16"),
+                       ("ev-c-s0", "auto")):
+        mark(store, run, "completed", {"model": {"dtype": dtype}})
+    assert evidence.mixed_arithmetic(store, ["ev-a-s0", "ev-a-s1", "ev-b-s1", "ev-c-s0"]) is None
+    line = evidence.mixed_arithmetic(store, ["ev-a-s0", "ev-a-s1", "ev-b-s0", "ev-b-s1"])
+    assert line.startswith("mixed arithmetic: of the runs, 3 in bf16 (`ev-a-s0`, `ev-a-s1`, `ev-b-s1`); "
+                           "1 in fp32 (`ev-b-s0`)") and "\n" not in line
+    mark(store, "ev-b-s1", "completed", {"model": {"dtype": "fp32"}})  # its last row: an explicit fp32
+    assert evidence.mixed_arithmetic(store, ["ev-a-s0", "ev-a-s1", "ev-b-s1"]).startswith(
+        "mixed arithmetic: of the runs, 2 in bf16 (`ev-a-s0`, `ev-a-s1`); 1 in fp32 (`ev-b-s1`)")
+
+
 def test_merging_runs_copies_finished_runs_whole_and_refuses_the_rest(tmp_path):
     """benchmarks/evidence_design.py `merge_runs` over two stores made by hand: a finished run's folders of every
     table, the shared ingest stage files the target lacks and its machine line are copied; a run not finished
