@@ -67,16 +67,22 @@ def record_machine(store_uri: str, run_id: str) -> None:
         f.write(before + line + "\n")
 
 
-def machines(store, run_ids: list[str]) -> list[str]:
-    """'machine: run ids' lines for the finished runs, from <store>/_machines.jsonl (runs made before it
-    existed are listed as unrecorded)."""
+def last_machines(store) -> dict[str, str]:
+    """run id -> the machine of its last start in <store>/_machines.jsonl (where it finished)."""
     path = store.path("_machines.jsonl")
     where: dict[str, str] = {}
     if store.fs.exists(path):
         for line in store.fs.cat_file(path).decode().splitlines():
             if line.strip():
                 rec = json.loads(line)
-                where[rec["run_id"]] = rec["machine"]  # the last start: where it finished
+                where[rec["run_id"]] = rec["machine"]
+    return where
+
+
+def machines(store, run_ids: list[str]) -> list[str]:
+    """'machine: run ids' lines for the finished runs, from <store>/_machines.jsonl (runs made before it
+    existed are listed as unrecorded)."""
+    where = last_machines(store)
     by_machine: dict[str, list[str]] = {}
     for r in run_ids:
         by_machine.setdefault(where.get(r, "not recorded"), []).append(r)
@@ -93,13 +99,7 @@ def mixed_arithmetic(store, run_ids: list[str]) -> str | None:
 
     from storage.query import scan
 
-    path = store.path("_machines.jsonl")
-    where: dict[str, str] = {}
-    if store.fs.exists(path):
-        for line in store.fs.cat_file(path).decode().splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                where[rec["run_id"]] = rec["machine"]
+    where = last_machines(store)
     runs = scan(store, "runs").filter(pl.col("run_id").is_in(run_ids)).sort("created_at").select("run_id", "config").collect()
     dtypes = {r: json.loads(c or "{}").get("model", {}).get("dtype", "auto") for r, c in runs.iter_rows()}
     kinds: dict[str, list[str]] = {}
