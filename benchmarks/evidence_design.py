@@ -95,20 +95,16 @@ def mixed_arithmetic(store, run_ids: list[str]) -> str | None:
     (_machines.jsonl: bf16 with native bf16, else fp32). Greedy evaluation is not the same instrument in both:
     in evidence v5 the base model scored 0.263 decoded in fp32 against 0.280 in bf16 (19 of 403 answers
     differed), so a pair across the two mixes instruments as well as seeds."""
-    import polars as pl
-
-    from storage.query import scan
+    from storage.runs import stored_config
 
     where = last_machines(store)
-    runs = scan(store, "runs").filter(pl.col("run_id").is_in(run_ids)).sort("created_at").select("run_id", "config").collect()
-    dtypes = {r: json.loads(c or "{}").get("model", {}).get("dtype", "auto") for r, c in runs.iter_rows()}
     kinds: dict[str, list[str]] = {}
     for r in run_ids:
-        dtype = dtypes.get(r, "auto")
+        dtype = (stored_config(store, r) or {}).get("model", {}).get("dtype", "auto")
         if dtype == "auto":
             if r not in where:
                 continue  # not recorded: nothing to say
-            dtype = "fp32" if "native bf16: no;" in where[r] else "bf16"
+            dtype = "fp32" if "native bf16: no;" in where[r] else "bf16"  # as machine() writes it
         kinds.setdefault(dtype, []).append(r)
     if len(kinds) < 2:
         return None
