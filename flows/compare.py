@@ -13,7 +13,9 @@ of the shared ones. The built-in arms:
   from their shipped values (pool, evaluation and budget aside) put back, today LoPE (`lope_prefixes=0`): the
   config of `no_lope` there, its own arm to follow the defaults (tests/test_compare.py checks them);
 - `default_thompson`, `default_replay`, `default_stratified`: the default plus one part built but off (Thompson
-  selection; replay at a quarter of the rows; refills stratified by pass-rate bin): issue 50's candidates.
+  selection; replay at a quarter of the rows; refills stratified by pass-rate bin): issue 50's candidates;
+  `default_worked`: the default with shaping at zero generated tokens (no MCMC step, no teacher, 16 traces a
+  round): the SFT term on the worked solutions of the round's unsolved prompts (its three `shape.*` fields).
 Seed s sets the sampling, selection, shaping and training seeds of every arm alike (`rollout.seed`,
 `select.seed`, `shape.seed`, `train.seed`), so arms pair by seed; the pool's and the evaluation's seeds stay
 shared: every run draws the same pool and holds out the same prompts. Run ids are `<prefix>-<arm>-s<seed>`,
@@ -46,6 +48,10 @@ ARMS: dict[str, list[str]] = {
     "default_thompson": ["rollout.lope_prefixes=0", "select.selector=thompson"],
     "default_replay": ["rollout.lope_prefixes=0", "train.replay_share=0.25"],
     "default_stratified": ["rollout.lope_prefixes=0", "rollout.screen_refill=stratified"],
+    # SFT on the worked solutions of prompts the round could not solve (tasks/core/worked_solutions.py), no MCMC
+    # and no teacher: the shaping term at zero generated tokens
+    "default_worked": ["rollout.lope_prefixes=0", "shape.steps=0", "shape.teacher_traces=false",
+                       "shape.max_traces=16"],
 }
 SEEDED = ("rollout.seed", "select.seed", "shape.seed", "train.seed")
 

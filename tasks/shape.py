@@ -55,14 +55,20 @@ Problem:
 
 
 def shaping_candidates(store: Store, run_id: str, round: int, limit: int) -> pl.DataFrame:
-    """Up to `limit` prompts of this round that the policy did not solve once, by prompt id: no correct rollout
-    among its own samples (LoPE replacements are not its own; tasks/core/eps.py own_samples). Not mean reward 0:
-    a never-solved prompt may still earn partial credit or a format reward."""
-    own = own_samples(this_round(store, "rollouts", run_id, round)).filter(  # the round's policy, not a later rescore
-        pl.col("policy_version") == pl.col("policy_version").min())
+    """Up to `limit` prompts of this round that the policy did not solve once, by prompt id: no correct sample
+    among its own samples (LoPE replacements are not its own; tasks/core/eps.py own_samples), in `rollouts` or
+    in `discarded_rollouts`. Not mean reward 0: a never-solved prompt may still earn partial credit or a format
+    reward. Discarded rows count because screening (tasks/sampling/screening.py) keeps only mixed groups in
+    `rollouts`: there, the prompts the policy cannot solve are its all-fail screens and all-fail top-ups, and
+    reading `rollouts` alone found 1 to 7 candidates in a whole evidence-v5 run of the default."""
+    keep = ["prompt_id", "policy_version", "correct"]
+    own = pl.concat([own_samples(this_round(store, "rollouts", run_id, round)).select(keep),
+                     this_round(store, "discarded_rollouts", run_id, round).select(keep)])
+    own = own.filter(pl.col("policy_version") == pl.col("policy_version").min())  # the round's policy, not a rescore
     unsolved = own.group_by("prompt_id").agg(solved=pl.col("correct").any()).filter(~pl.col("solved")).select(
         "prompt_id")
-    return unsolved.join(prompts(store, "text", "answer", "solution", "source", "meta"), on="prompt_id").sort("prompt_id").head(limit).collect()
+    return unsolved.join(prompts(store, "text", "answer", "solution", "source", "meta"), on="prompt_id").sort(
+        "prompt_id").head(limit).collect()
 
 
 @stage("shape")

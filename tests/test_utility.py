@@ -212,3 +212,27 @@ def test_shaping_candidates_are_the_prompts_with_no_correct_own_sample(store):
     got = shaping_candidates(store, RUN, 0, limit=10)["prompt_id"].to_list()
     assert got == ["format_only", "never", "partial", "rescued"]
     assert shaping_candidates(store, RUN, 0, limit=2)["prompt_id"].to_list() == ["format_only", "never"]
+
+
+def test_screened_out_and_all_fail_topped_up_prompts_are_shaping_candidates(store):
+    """With screening, `rollouts` holds only mixed groups: the prompts the policy cannot solve are in
+    `discarded_rollouts` (an all-fail screen, an all-fail top-up). Those are candidates; an all-pass screen, a
+    discarded group with one correct sample, and a discarded row of a later policy version are not."""
+    import pyarrow as pa
+
+    from tasks.shape import shaping_candidates
+
+    names = ["kept", "fail_screen", "pass_screen", "fail_topup", "surplus_mixed", "rescored"]
+    _land_round(store, [_prompt(p) for p in names], {"kept": _group([1, 0, 0, 0])})
+
+    def rows(pid, rewards, reason, version=0):
+        return [{"run_id": RUN, "round": 0, "policy_version": version, "prompt_id": pid, "gen_batch": 1,
+                 "reason": reason, "sample_idx": j, "prompt_text": "q", "completion": "a", "reward": float(r),
+                 "correct": r == 1, "n_tokens": 3, "mean_logprob": -1.0, "finish_reason": "stop"}
+                for j, r in enumerate(rewards)]
+
+    discarded = [*rows("fail_screen", [0, 0], "screened_out"), *rows("pass_screen", [1, 1], "screened_out"),
+                 *rows("fail_topup", [0] * 4, "zero_variance"), *rows("surplus_mixed", [0, 1], "surplus"),
+                 *rows("rescored", [0, 0], "screened_out", version=1)]
+    store.commit("discard", {"discarded_rollouts": pa.Table.from_pylist(discarded)}, run_id=RUN, round=0)
+    assert shaping_candidates(store, RUN, 0, limit=10)["prompt_id"].to_list() == ["fail_screen", "fail_topup"]
