@@ -154,6 +154,8 @@ def shape_task(ctx: RoundContext, store: Store, cfg: ShapeConfig, rollout_cfg: R
             "cut_starts": sum(not t.ids or t.ids[-1] not in backend.eos_ids for t in traces),  # as shape_traces tests
             "irreversible": sum(t.rejected_irreversible for t in traces),  # MH moves rejected: no reverse move
             "cut_proposals": sum(t.rejected_cut for t in traces),  # proposals cut by the length limit
-            "accept_rate": sig4(mean([r["accept_rate"] for r in kept])) if kept else None,
+            # None without a proposal (shape.steps = 0: the start trace is trained on as written)
+            "accept_rate": sig4(mean(rates)) if (rates := [r["accept_rate"] for r in kept
+                                                             if r["accept_rate"] is not None]) else None,
             "logprob_gain": sig4(mean([r["end_logprob"] - r["start_logprob"] for r in kept])) if kept else None,
             "seconds": sig4(time.perf_counter() - t0)}

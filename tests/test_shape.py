@@ -172,18 +172,42 @@ def test_tokens_changed():
     assert tokens_changed([1, 2, 3], []) == 3
 
 
+def _unsolved_round(store, rows: list[tuple[str, str, str]]) -> list[str]:
+    """Land `rows` (question, answer, reference solution) as prompts and round 0 of run "cap" in which the
+    policy's 4 samples of each are all wrong (rollouts and scores); the prompt ids."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from tasks.core.ids import prompt_id
+
+    n = len(rows)
+    ids = [prompt_id(q, a, "test") for q, a, _ in rows]
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    store.commit("ingest", {"prompts": pa.table({
+        "prompt_id": ids, "text": [q for q, _, _ in rows], "answer": [a for _, a, _ in rows],
+        "solution": [s for *_, s in rows], "source": ["test"] * n, "root_id": ids,
+        "transform": ["original"] * n, "created_at": [now] * n})})
+    # unsolved this round: every one of the policy's 4 samples wrong (both in the rollouts and their scores)
+    store.commit("rollout", {"rollouts": pa.table({
+        "run_id": ["cap"] * (4 * n), "round": [0] * (4 * n), "policy_version": [0] * (4 * n), "prompt_id": [p for p in ids for _ in range(4)],
+        "sample_idx": [j for _ in ids for j in range(4)], "prompt_text": ["q"] * (4 * n), "completion": ["\\boxed{0}"] * (4 * n),
+        "reward": [0.0] * (4 * n), "correct": [False] * (4 * n), "n_tokens": [5] * (4 * n), "finish_reason": ["stop"] * (4 * n)})},
+        run_id="cap", round=0)
+    store.commit("score", {"prompt_scores": pa.table({
+        "run_id": ["cap"] * n, "round": [0] * n, "policy_version": [0] * n, "prompt_id": ids, "n": [4] * n,
+        "mean_reward": [0.0] * n, "std_reward": [0.0] * n, "eps": [0.0] * n, "bucket": ["too_hard"] * n})},
+        run_id="cap", round=0)
+    return ids
+
+
 def test_a_reference_cut_at_the_trace_cap_is_not_shaped_nor_trained_on(store):
     """The shape stage caps a start trace at 4 x shape.max_new_tokens tokens. A reference solution longer
     than that is a cut trace: it gets no end-of-sequence token, is not shaped (even though its answer, stated
     early, still verifies), and does not land as `correct`, which is what the train stage's SFT term reads,
     so training never appends EOS to a cut trace. A short reference in the same round is shaped as usual."""
-    import datetime as dt
-
-    import pyarrow as pa
-
     from flows.config import load_config
     from storage.query import sql
-    from tasks.core.ids import prompt_id
     from tasks.shape import shape_task
 
     cfg = load_config(sets=["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32",
@@ -191,22 +215,7 @@ def test_a_reference_cut_at_the_trace_cap_is_not_shaped_nor_trained_on(store):
                             "shape.teacher_traces=false"], run_id="cap", store=store.root)
     rows = [("What is 2 + 3?", "5", "2 + 3 = 5, so the answer is \\boxed{5}."),  # 15 tokens: under the cap
             ("What is 4 + 4?", "8", "The answer is \\boxed{8}. " + "Indeed 4 + 4 = 8. " * 12)]  # > 32 tokens
-    ids = [prompt_id(q, a, "test") for q, a, _ in rows]
-    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-    store.commit("ingest", {"prompts": pa.table({
-        "prompt_id": ids, "text": [q for q, _, _ in rows], "answer": [a for _, a, _ in rows],
-        "solution": [s for *_, s in rows], "source": ["test"] * 2, "root_id": ids,
-        "transform": ["original"] * 2, "created_at": [now] * 2})})
-    # unsolved this round: every one of the policy's 4 samples wrong (both in the rollouts and their scores)
-    store.commit("rollout", {"rollouts": pa.table({
-        "run_id": ["cap"] * 8, "round": [0] * 8, "policy_version": [0] * 8, "prompt_id": [p for p in ids for _ in range(4)],
-        "sample_idx": [j for _ in ids for j in range(4)], "prompt_text": ["q"] * 8, "completion": ["\\boxed{0}"] * 8,
-        "reward": [0.0] * 8, "correct": [False] * 8, "n_tokens": [5] * 8, "finish_reason": ["stop"] * 8})},
-        run_id="cap", round=0)
-    store.commit("score", {"prompt_scores": pa.table({
-        "run_id": ["cap"] * 2, "round": [0] * 2, "policy_version": [0] * 2, "prompt_id": ids, "n": [4] * 2,
-        "mean_reward": [0.0] * 2, "std_reward": [0.0] * 2, "eps": [0.0] * 2, "bucket": ["too_hard"] * 2})},
-        run_id="cap", round=0)
+    ids = _unsolved_round(store, rows)
     out = shape_task.fn(round_ctx(store, "cap", 0, model=cfg.model), cfg.shape, cfg.rollout, cfg.reward, cfg.teacher)
     got = {r["prompt_id"]: r for r in sql(store, "SELECT * FROM shaped_traces WHERE run_id = 'cap'").to_pylist()}
     short, cut = got[ids[0]], got[ids[1]]
@@ -218,6 +227,28 @@ def test_a_reference_cut_at_the_trace_cap_is_not_shaped_nor_trained_on(store):
     # with an 8-token limit every move of the short trace is rejected, and counted: its scripted suffixes
     # (14+ tokens) are cut, or its cut point leaves an old suffix longer than 8 (irreversible)
     assert out["cut_proposals"] + out["irreversible"] == 2 and short["accept_rate"] == 0
+
+
+def test_shaping_without_steps_trains_on_the_worked_solution_as_written(store):
+    """shape.steps = 0 (the `default_worked` arm): no proposal, no generated token; a reference that verifies
+    lands as written, correct, for the SFT term, with no acceptance rate, and the stage's summary says so (it
+    averaged the missing rates and crashed the first time a run tried it)."""
+    from flows.config import load_config
+    from storage.query import sql
+    from tasks.shape import shape_task
+
+    cfg = load_config(sets=["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32",
+                            "model.batch_size=16", "shape.steps=0", "shape.teacher_traces=false"],
+                      run_id="cap", store=store.root)
+    ids = _unsolved_round(store, [("What is 2 + 3?", "5", "2 + 3 = 5. \\boxed{5}"),
+                                  ("What is 4 + 4?", "8", "4 + 4 = 9. \\boxed{9}")])  # a wrong one: not in C
+    out = shape_task.fn(round_ctx(store, "cap", 0, model=cfg.model), cfg.shape, cfg.rollout, cfg.reward, cfg.teacher)
+    got = {r["prompt_id"]: r for r in sql(store, "SELECT * FROM shaped_traces WHERE run_id = 'cap'").to_pylist()}
+    good, wrong = got[ids[0]], got[ids[1]]
+    assert good["correct"] and good["text"] == good["start_text"] == "2 + 3 = 5. \\boxed{5}"
+    assert (good["steps"], good["accept_rate"], good["tokens_changed"]) == (0, None, 0)
+    assert not wrong["correct"]
+    assert (out["traces"], out["in_c"], out["accept_rate"], out["logprob_gain"]) == (2, 1, None, 0)
 
 
 @pytest.fixture(scope="module")
