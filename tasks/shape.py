@@ -37,7 +37,8 @@ class ShapeConfig(Section):
     enabled: bool = Field(True, description="shape traces for prompts the policy cannot solve yet")
     variant: Literal["mh", "greedy"] = Field("mh", description="mh: Metropolis-Hastings acceptance; greedy: "
                                              "accept iff the mean log-prob under the policy rises")
-    steps: int = Field(8, ge=0, le=1000, description="S: MCMC steps per trace")
+    steps: int = Field(8, ge=0, le=1000, description="S: MCMC steps per trace (0: a start trace that "
+                       "verifies is trained on as written, and shaping generates nothing)")
     max_traces: int = Field(8, ge=0, le=1_000_000, description="traces shaped per round")
     max_new_tokens: int = Field(64, ge=1, le=8192, description="longest proposed suffix")
     teacher_traces: bool = Field(True, description="where a prompt has no reference solution, ask the teacher "
