@@ -10,7 +10,7 @@ of the shared ones. The built-in arms:
   is off by default, so `no_lope` differs from `refinery` only where the shared config turns LoPE on
   (`rollout.lope_prefixes=6`, as benchmarks/evidence.toml does: the full pipeline with every part on);
 - `default`: the shipped defaults (issues 49, 50): `refinery` with the fields the evidence design pins away
-  from their shipped values (pool, evaluation and budget aside) put back, today LoPE (`lope_prefixes=0`): the
+  from their shipped values (pool, evaluation, arithmetic and budget aside) put back, today LoPE (`lope_prefixes=0`): the
   config of `no_lope` there, its own arm to follow the defaults (tests/test_compare.py checks them);
 - `default_thompson`, `default_replay`, `default_stratified`: the default plus one part built but off (Thompson
   selection; replay at a quarter of the rows; refills stratified by pass-rate bin): issue 50's candidates;

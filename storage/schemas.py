@@ -85,7 +85,9 @@ TABLES: dict[str, pa.Schema] = {
     # DAPO dynamic sampling's and screening's discards (tasks/core/dapo.py, tasks/core/screening.py): groups
     # generated in the round but not kept. The columns of `rollouts` plus the generation batch and why the group was dropped, so the
     # spend is one query (`SELECT round, count(*), sum(n_tokens) FROM discarded_rollouts WHERE run_id = ...`).
-    # Nothing reads them back as the round's rollouts: no score, no training, no pool move.
+    # Nothing reads them back as the round's rollouts (no GRPO row, no pool move); what they show about a prompt
+    # is read: by score (a screened-out prompt's bucket), the pass-rate posterior, the governor and shaping's
+    # choice of unsolved prompts.
     "discarded_rollouts": pa.schema([
         *_ROLLOUT_FIELDS[:4],
         _f("gen_batch", pa.int32()),  # 0-based generation batch of the round (0: the select stage's draw)

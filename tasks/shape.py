@@ -38,7 +38,8 @@ class ShapeConfig(Section):
     variant: Literal["mh", "greedy"] = Field("mh", description="mh: Metropolis-Hastings acceptance; greedy: "
                                              "accept iff the mean log-prob under the policy rises")
     steps: int = Field(8, ge=0, le=1000, description="S: MCMC steps per trace (0: a start trace that "
-                       "verifies is trained on as written, and shaping generates nothing)")
+                       "verifies is trained on as written and no proposal is generated; the teacher still "
+                       "writes start traces with teacher_traces)")
     max_traces: int = Field(8, ge=0, le=1_000_000, description="traces shaped per round")
     max_new_tokens: int = Field(64, ge=1, le=8192, description="longest proposed suffix")
     teacher_traces: bool = Field(True, description="where a prompt has no reference solution, ask the teacher "

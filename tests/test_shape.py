@@ -249,6 +249,7 @@ def test_shaping_without_steps_trains_on_the_worked_solution_as_written(store):
     assert (good["steps"], good["accept_rate"], good["tokens_changed"]) == (0, None, 0)
     assert not wrong["correct"]
     assert (out["traces"], out["in_c"], out["accept_rate"], out["logprob_gain"]) == (2, 1, None, 0)
+    assert sql(store, "SELECT count(*) AS n FROM generated_tokens WHERE stage = 'shape'").to_pylist() == [{"n": 0}]
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,9 @@ Choices, and why:
   `verdict` callable names the groups that cannot be kept whatever their rewards (`screened_out`; a screen
   left unfinished because the batch was full is `surplus`).
 - Every discarded group was generated and counts against the baseline's rollout budget: the collect stage
-  lands it in `discarded_rollouts` (with its tokens), never in `rollouts`, so it enters no scoring, training
-  or pool decision.
+  lands it in `discarded_rollouts` (with its tokens), never in `rollouts`, so it is no GRPO row and moves no
+  prompt in the pool; what it shows about its prompt is read (score's screened-out bucket, the pass-rate
+  posterior, shaping's unsolved prompts: tasks/shape.py).
 """
 
 from __future__ import annotations
