@@ -10,12 +10,11 @@ of the shared ones. The built-in arms:
   is off by default, so `no_lope` differs from `refinery` only where the shared config turns LoPE on
   (`rollout.lope_prefixes=6`, as benchmarks/evidence.toml does: the full pipeline with every part on);
 - `default`: the shipped defaults (issues 49, 50): `refinery` with the fields the evidence design pins away
-  from their shipped values (pool, evaluation, arithmetic and budget aside) put back, today LoPE (`lope_prefixes=0`): the
-  config of `no_lope` there, its own arm to follow the defaults (tests/test_compare.py checks them);
-- `default_thompson`, `default_replay`, `default_stratified`: the default plus one part built but off (Thompson
-  selection; replay at a quarter of the rows; refills stratified by pass-rate bin): issue 50's candidates;
-  `default_worked`: the default with shaping at zero generated tokens (no MCMC step, no teacher, 16 traces a
-  round): the SFT term on the worked solutions of the round's unsolved prompts (its three `shape.*` fields).
+  from their shipped values (pool, evaluation, arithmetic and budget aside) put back, today LoPE
+  (`lope_prefixes=0`): the config of `no_lope` there, its own arm to follow the defaults (tests/test_compare.py);
+- `default_thompson`, `default_replay`, `default_stratified`, `default_worked`: the default plus one part built
+  but off (Thompson selection; replay at a quarter of the rows; refills stratified by pass-rate bin; SFT on the
+  worked solutions of the round's unsolved prompts, shaping with no MCMC step nor teacher): issue 50's candidates.
 Seed s sets the sampling, selection, shaping and training seeds of every arm alike (`rollout.seed`,
 `select.seed`, `shape.seed`, `train.seed`), so arms pair by seed; the pool's and the evaluation's seeds stay
 shared: every run draws the same pool and holds out the same prompts. Run ids are `<prefix>-<arm>-s<seed>`,
@@ -48,10 +47,7 @@ ARMS: dict[str, list[str]] = {
     "default_thompson": ["rollout.lope_prefixes=0", "select.selector=thompson"],
     "default_replay": ["rollout.lope_prefixes=0", "train.replay_share=0.25"],
     "default_stratified": ["rollout.lope_prefixes=0", "rollout.screen_refill=stratified"],
-    # SFT on the worked solutions of prompts the round could not solve (tasks/core/worked_solutions.py), no MCMC
-    # and no teacher: the shaping term at zero generated tokens
-    "default_worked": ["rollout.lope_prefixes=0", "shape.steps=0", "shape.teacher_traces=false",
-                       "shape.max_traces=16"],
+    "default_worked": ["rollout.lope_prefixes=0", "shape.steps=0", "shape.teacher_traces=false", "shape.max_traces=16"],
 }
 SEEDED = ("rollout.seed", "select.seed", "shape.seed", "train.seed")
 
@@ -97,8 +93,7 @@ def code_of_runs(store, run_ids: list[str]) -> tuple[list[str], list[str]]:
 
     from storage.query import table_rows_with_schema
 
-    # read with the table's schema: files written before `commit` existed read it as null (scan would take its
-    # columns from the first file and miss it everywhere)
+    # the table's schema: files from before `commit` read it as null (scan takes the first file's columns)
     rows = (table_rows_with_schema(store, "runs", ["run_id", "status", "commit", "dirty"])
             .filter(pl.col("run_id").is_in(run_ids) & pl.col("status").is_in(["running", "resumed"])))
     commits = sorted({c or "unrecorded" for c in rows["commit"].to_list()})
@@ -144,7 +139,7 @@ def prepare_comparison(arms: list[str], seeds: int, prefix: str, shared: list[st
     starts)."""
     from flows.config import load_config, resumed_config
     from flows.preflight import validate_for_run
-    from storage.store import default_root
+    from storage.store import Store, default_root
 
     runs = plan(arms, seeds, prefix, shared, extra)
     # a run that exists resumes from its stored config: a default changed since it started is no change
@@ -152,8 +147,6 @@ def prepare_comparison(arms: list[str], seeds: int, prefix: str, shared: list[st
                            run_id=r.run_id, rounds=rounds, store=store) for r in runs]
     for c in configs:
         validate_for_run(c)
-    from storage.store import Store
-
     ids = [r.run_id for r in runs]
     unfinished = any(already_complete(c) is None for c in configs)
     mixed = mixed_code(Store(configs[0].store), ids, unfinished, allow_mixed)
