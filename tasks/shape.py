@@ -63,9 +63,9 @@ def shaping_candidates(store: Store, run_id: str, round: int, limit: int) -> pl.
     reward. Discarded rows count because screening (tasks/sampling/screening.py) keeps only mixed groups in
     `rollouts`: there, the prompts the policy cannot solve are its all-fail screens and all-fail top-ups, and
     reading `rollouts` alone found 1 to 7 candidates in a whole evidence-v5 run of the default."""
-    keep = ["prompt_id", "policy_version", "correct"]
-    own = pl.concat([own_samples(this_round(store, "rollouts", run_id, round)).select(keep),
-                     this_round(store, "discarded_rollouts", run_id, round).select(keep)])
+    cols = ["prompt_id", "policy_version", "reward", "correct", "augmentation"]
+    own = own_samples(pl.concat([this_round(store, t, run_id, round).select(cols)
+                                 for t in ("rollouts", "discarded_rollouts")]))
     own = own.filter(pl.col("policy_version") == pl.col("policy_version").min())  # the round's policy, not a rescore
     unsolved = own.group_by("prompt_id").agg(solved=pl.col("correct").any()).filter(~pl.col("solved")).select(
         "prompt_id")
@@ -151,13 +151,12 @@ def shape_task(ctx: RoundContext, store: Store, cfg: ShapeConfig, rollout_cfg: R
     tables = {"shaped_traces": pa.Table.from_pylist(rows)} if rows else {}
     store.commit("shape", tables, run_id=run_id, round=round)
     kept = [r for r in rows if r["correct"]]
+    rates = [r["accept_rate"] for r in kept if r["accept_rate"] is not None]  # none without a proposal (steps 0)
     return {"traces": len(rows), "in_c": len(kept), "teacher_calls": calls,
             "teacher_unavailable": unavailable,
             "cut_starts": sum(not t.ids or t.ids[-1] not in backend.eos_ids for t in traces),  # as shape_traces tests
             "irreversible": sum(t.rejected_irreversible for t in traces),  # MH moves rejected: no reverse move
             "cut_proposals": sum(t.rejected_cut for t in traces),  # proposals cut by the length limit
-            # None without a proposal (shape.steps = 0: the start trace is trained on as written)
-            "accept_rate": sig4(mean(rates)) if (rates := [r["accept_rate"] for r in kept
-                                                             if r["accept_rate"] is not None]) else None,
+            "accept_rate": sig4(mean(rates)) if rates else None,
             "logprob_gain": sig4(mean([r["end_logprob"] - r["start_logprob"] for r in kept])) if kept else None,
             "seconds": sig4(time.perf_counter() - t0)}

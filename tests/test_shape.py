@@ -181,7 +181,7 @@ def _unsolved_round(store, rows: list[tuple[str, str, str]]) -> list[str]:
 
     from tasks.core.ids import prompt_id
 
-    n = len(rows)
+    n, m = len(rows), 4 * len(rows)  # prompts, rollouts
     ids = [prompt_id(q, a, "test") for q, a, _ in rows]
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     store.commit("ingest", {"prompts": pa.table({
@@ -190,9 +190,9 @@ def _unsolved_round(store, rows: list[tuple[str, str, str]]) -> list[str]:
         "transform": ["original"] * n, "created_at": [now] * n})})
     # unsolved this round: every one of the policy's 4 samples wrong (both in the rollouts and their scores)
     store.commit("rollout", {"rollouts": pa.table({
-        "run_id": ["cap"] * (4 * n), "round": [0] * (4 * n), "policy_version": [0] * (4 * n), "prompt_id": [p for p in ids for _ in range(4)],
-        "sample_idx": [j for _ in ids for j in range(4)], "prompt_text": ["q"] * (4 * n), "completion": ["\\boxed{0}"] * (4 * n),
-        "reward": [0.0] * (4 * n), "correct": [False] * (4 * n), "n_tokens": [5] * (4 * n), "finish_reason": ["stop"] * (4 * n)})},
+        "run_id": ["cap"] * m, "round": [0] * m, "policy_version": [0] * m, "prompt_id": [p for p in ids for _ in range(4)],
+        "sample_idx": [j for _ in ids for j in range(4)], "prompt_text": ["q"] * m, "completion": ["\\boxed{0}"] * m,
+        "reward": [0.0] * m, "correct": [False] * m, "n_tokens": [5] * m, "finish_reason": ["stop"] * m})},
         run_id="cap", round=0)
     store.commit("score", {"prompt_scores": pa.table({
         "run_id": ["cap"] * n, "round": [0] * n, "policy_version": [0] * n, "prompt_id": ids, "n": [4] * n,
