@@ -18,6 +18,7 @@ from models.config import ModelConfig, Section
 from models.sharded import ScaleConfig
 from tasks.core.governor import GovernorConfig
 from tasks.core.grpo import TrainConfig
+from tasks.core.heldout import stratum_name
 from tasks.core.rewards import RewardConfig
 from tasks.evaluate import EvalConfig
 from tasks.pool import DEFAULT_SOURCES, PoolConfig, SourceSpec  # noqa: F401 (names users import from here)
@@ -69,6 +70,17 @@ class RunConfig(Section):
         if self.scale.rollout_workers > 1 and self.model.device.startswith("cuda") and self.scale.gpus_per_worker == 0:
             raise ValueError(f"model.device is {self.model.device} but scale.gpus_per_worker is 0: Ray would hide "
                              "the GPUs from the rollout workers; set scale.gpus_per_worker (e.g. 1)")
+        return self
+
+    @model_validator(mode="after")
+    def _strata_in_pool(self) -> RunConfig:
+        known = [stratum_name(s.source, dict(s.params)) for s in self.pool.sources]
+        if missing := [s for s in self.select.strata if s not in known]:
+            raise ValueError(f"select.strata names {missing[0]!r}, no pool source entry (its strata: "
+                             f"{', '.join(known)})")
+        if self.select.strata and self.eval.heldout_split != "stratified":
+            raise ValueError("select.strata needs eval.heldout_split = 'stratified', which records each prompt's "
+                             "stratum")
         return self
 
     @model_validator(mode="after")

@@ -1,4 +1,4 @@
-"""Store bookkeeping that every stage reads the same way: a round's rows, the prompts table.
+"""Store bookkeeping that every stage reads the same way: a round's rows, the prompts table, a run's strata.
 
 Choices, and why:
 - The prompts table is content-addressed and append-only, so one prompt may land more than once (the same
@@ -24,3 +24,14 @@ def prompts(store: Store, *columns: str | pl.Expr) -> pl.LazyFrame:
     if columns:
         frame = frame.select("prompt_id", *[c for c in columns if not (isinstance(c, str) and c == "prompt_id")])
     return frame.unique("prompt_id")
+
+
+def in_strata(store: Store, run_id: str, strata: list[str]) -> pl.LazyFrame:
+    """The prompt ids of `run_id`'s pool in these strata, as its round-0 pool rows record them (a child of a
+    refined prompt has no stratum, so it is not among them). A stratum no row records is refused by name."""
+    rows = this_round(store, "pool", run_id, 0).select("prompt_id", "stratum")
+    known = set(rows.select("stratum").unique().collect()["stratum"].drop_nulls().to_list())
+    if missing := [s for s in strata if s not in known]:
+        raise ValueError(f"select.strata: run {run_id}'s pool records no stratum {missing[0]!r} (its strata: "
+                         f"{', '.join(sorted(known)) or 'none; eval.heldout_split = stratified records them'})")
+    return rows.filter(pl.col("stratum").is_in(strata)).select("prompt_id")

@@ -44,7 +44,7 @@ def collect_task(ctx: RoundContext, store: Store, cfg: RolloutConfig, reward_cfg
     """Generate, verify and land the round's rollouts. Returns a small summary. Screening then top-up
     (tasks/sampling/screening.py), or with a selector that `generates` (dapo_filter) DAPO dynamic sampling
     (tasks/sampling/dynamic.py), decides which groups are the round's rollouts."""
-    prompts = round_prompts(store, ctx.run_id, ctx.round, use_selection, cfg.include_reserve)
+    prompts = round_prompts(store, ctx.run_id, ctx.round, use_selection, cfg.include_reserve, select_cfg.strata)
     if prompts.height == 0:
         raise ValueError(f"run {ctx.run_id} round {ctx.round}: the pool has no prompt to collect for")
     backend = load_generator(ctx.model, ctx.scale)  # sharded over Ray workers if [scale] says so

@@ -24,7 +24,7 @@ from pydantic import Field
 from models.config import Section
 from models.registry import load_model
 from storage.query import scan
-from storage.rounds import prompts, this_round
+from storage.rounds import in_strata, prompts, this_round
 from storage.store import Store
 from tasks.core.seeds import round_seed
 from tasks.reporting.progress import sig4
@@ -60,6 +60,10 @@ class SelectConfig(Section):
     minibatch_above: int = Field(20_000, ge=1, le=1_000_000_000, description="kmeans: with more candidates than "
                                  "this, cluster with MiniBatchKMeans (batches of 4096), since full Lloyd "
                                  "iterations over 10^5+ points are too slow")
+    strata: list[str] = Field([], description="select only pool prompts of these strata (a pool source entry, "
+                              "named as tasks/core/heldout.py stratum_name does: 'rg:products{max_digits=1}'; "
+                              "eval.heldout_split 'stratified' records them); empty: every prompt. The held-out set "
+                              "stays the whole pool's: an oracle arm trains on one stratum")
     pass_rate_prior: Literal["fitted", "pooled"] = Field(
         "fitted", description="the pass-rate model's bin prior (thompson, screening; tasks/core/passrate.py): "
         "fitted (empirical Bayes: each bin's mean and spread across its prompts) or pooled (4 pseudo-samples of "
@@ -75,6 +79,8 @@ def select_task(ctx: RoundContext, store: Store, cfg: SelectConfig, include_rese
     statuses = ["active", "reserve"] if include_reserve else ["active"]
     earlier = (pl.col("run_id") == ctx.run_id) & (pl.col("round") < ctx.round)
     pool = ctx.rows(store, "pool").filter(pl.col("status").is_in(statuses)).select("prompt_id")
+    if cfg.strata:
+        pool = pool.join(in_strata(store, ctx.run_id, cfg.strata), on="prompt_id", how="semi")
     # each prompt's latest score in this run; a prompt no earlier round scored has none (it is never scored)
     scores = (scan(store, "prompt_scores").filter(earlier).sort("round", "policy_version")
               .group_by("prompt_id").last().select("prompt_id", "eps"))

@@ -34,7 +34,10 @@ from tasks.strategies.teacher_calls import TeacherConfig, ask_teacher, teacher_c
 class ShapeConfig(Section):
     """MCMC on-policy shaping of off-policy traces (docs/algorithms.md §5)."""
 
-    enabled: bool = Field(True, description="shape traces for prompts the policy cannot solve yet")
+    enabled: bool = Field(False, description="shape traces for prompts the policy cannot solve yet (off: at the "
+                          "embedded 135M policy its traces yield fewer training rows per 1k tokens than plain "
+                          "rollouts, and SFT on worked solutions did not lift held-out pass@1; "
+                          "benchmarks/evidence_reading.md)")
     variant: Literal["mh", "greedy"] = Field("mh", description="mh: Metropolis-Hastings acceptance; greedy: "
                                              "accept iff the mean log-prob under the policy rises")
     steps: int = Field(8, ge=0, le=1000, description="S: MCMC steps per trace (0: a start trace that "

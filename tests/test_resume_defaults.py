@@ -155,3 +155,16 @@ def test_an_old_store_whose_run_has_other_defaults_resumes_from_the_command_line
     moved = {new: old["refine"][f"teacher_{new}" if new != "model" else "teacher"]
              for new in ("model", "max_new_tokens", "temperature", "timeout_s", "retries", "backoff_s")}
     assert {k: ran["teacher"][k] for k in moved} == moved and "teacher" not in ran["refine"]
+
+
+def test_a_run_started_while_shaping_was_on_by_default_resumes_shaping():
+    """shape.enabled's default turned false (issue 50's pilots): a run stored with it true keeps shaping on a
+    resume from the command line and from the form, and turning it off by hand is refused as a change."""
+    from flows.curriculum import check_resume, keep_stored
+
+    stored = _old_config(**{"shape.enabled": True})
+    assert RunConfig().shape.enabled is False
+    assert load_config(stored=stored, run_id="r").shape.enabled is True
+    assert keep_stored(RunConfig(run_id="r"), stored).shape.enabled is True
+    with pytest.raises(ValueError, match=r"differs in: shape\.enabled\)"):
+        check_resume(RunConfig(run_id="r"), stored)

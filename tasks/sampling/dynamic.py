@@ -81,7 +81,7 @@ def dynamic_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend:
                   demos: pl.DataFrame | None, cfg: RolloutConfig, reward_cfg: RewardConfig,
                   select_cfg: SelectConfig, sampling: Sampling) -> tuple[Sampled, dict, dict[str, pa.Table]]:
     """(the kept groups, the summary, the extra tables to land with the rollouts)."""
-    candidates = round_prompts(store, ctx.run_id, ctx.round, False, cfg.include_reserve)
+    candidates = round_prompts(store, ctx.run_id, ctx.round, False, cfg.include_reserve, select_cfg.strata)
     chosen = set(first["prompt_id"].to_list())
     order = draw_order(candidates["prompt_id"].to_list(), round_seed(select_cfg.seed, ctx.round))
     queue = [i for i in order if i in chosen] + [i for i in order if i not in chosen]

@@ -18,8 +18,8 @@ from pydantic import Field
 
 from models.backend import Backend, Completion, Sampling
 from models.config import Section
+from storage.rounds import in_strata, this_round
 from storage.rounds import prompts as prompt_table
-from storage.rounds import this_round
 from storage.store import Store, fault_point
 from tasks.core.fewshot import fewshot_messages
 from tasks.core.rewards import RewardConfig, Verdict
@@ -74,14 +74,18 @@ class RolloutConfig(Section):
     absent_means: ClassVar[dict] = {"screen_samples": 0}
 
 
-def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, include_reserve: bool) -> pl.DataFrame:
-    """The prompts this round collects for: its selection, or (a `whole_pool` selector: 'all') the pool's active
-    members, and reserve ones if asked."""
+def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, include_reserve: bool,
+                  strata: list[str] = ()) -> pl.DataFrame:
+    """The prompts this round collects for: its selection, or (a `whole_pool` selector: 'all'; the candidates
+    of screening's refills and DAPO's batches) the pool's active members, and reserve ones if asked, of
+    `strata` only when it names any (select.strata)."""
     if use_selection:
         ids = this_round(store, "selections", run_id, round)
     else:
         statuses = ["active", "reserve"] if include_reserve else ["active"]
         ids = this_round(store, "pool", run_id, round).filter(pl.col("status").is_in(statuses))
+        if strata:
+            ids = ids.join(in_strata(store, run_id, list(strata)), on="prompt_id", how="semi")
     # root_id: few-shot context keeps a prompt's own lineage out of its demonstrations
     prompts = prompt_table(store, "text", "answer", "source", "meta", "root_id")
     return ids.select("prompt_id").unique().join(prompts, on="prompt_id", how="inner").sort("prompt_id").collect()

@@ -92,7 +92,7 @@ def screened_round(store: Store, ctx: RoundContext, first: pl.DataFrame, backend
                    select_cfg: SelectConfig, sampling: Sampling) -> tuple[Sampled, dict, dict[str, pa.Table]]:
     """(the kept groups, the summary, the extra tables to land with the rollouts) of a screened round."""
     g, ks = cfg.group_size, cfg.screen_samples
-    pool = round_prompts(store, ctx.run_id, ctx.round, False, cfg.include_reserve)
+    pool = round_prompts(store, ctx.run_id, ctx.round, False, cfg.include_reserve, select_cfg.strata)
     chosen = first["prompt_id"].to_list()
     candidates = pl.concat([first, pool.filter(~pl.col("prompt_id").is_in(chosen))]).sort("prompt_id")
     history, _ = run_history(RoundView(ctx, store, 0))  # the run's groups before this round, as pass counts

@@ -1,0 +1,55 @@
+"""`select.strata` (tasks/select.py `in_strata`): selection draws only from the named pool strata while the
+held-out split stays the whole pool's (the evidence's oracle arm, flows/compare.py `oracle_sums`); a stratum
+the pool does not have, or a split that records none, is refused before the run starts."""
+
+import pytest
+from conftest import ROOT, q
+
+PRODUCTS = {"source": "rg:products", "size": 40, "params": {"max_digits": 1}}
+SUMS = {"source": "rg:chain_sum", "size": 40, "params": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}
+SUMS_NAME = "rg:chain_sum{max_digits=1,max_terms=2,min_terms=2}"
+
+
+def _sets(*extra: str) -> list[str]:
+    import json
+
+    return ["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32", "rollout.group_size=4",
+            "rollout.max_new_tokens=16", "rollout.fewshot_p0=0.0", "select.selector=uniform",
+            "select.batch_size=8", "refine.strategies=[]", "train.enabled=false",
+            "eval.heldout_split=stratified", f"pool.sources={json.dumps([PRODUCTS, SUMS])}", *extra]
+
+
+def test_selection_draws_only_the_named_stratum_and_holds_out_every_one(prefect_api, tmp_path):
+    from flows.config import load_config
+    from flows.curriculum import curriculum
+    from storage.store import Store
+
+    store = Store(tmp_path / "store")
+    curriculum(load_config(sets=_sets(f'select.strata=["{SUMS_NAME}"]'), run_id="st", store=store.root, rounds=2))
+    generated = q(store, """SELECT r.round, l.stratum, count(DISTINCT r.prompt_id) AS prompts
+                            FROM (SELECT run_id, round, prompt_id FROM rollouts UNION ALL
+                                  SELECT run_id, round, prompt_id FROM discarded_rollouts) r
+                            JOIN pool l ON l.prompt_id = r.prompt_id AND l.run_id = r.run_id AND l.round = 0
+                            WHERE r.run_id = 'st' GROUP BY ALL ORDER BY ALL""")
+    # screening (the default collect path) refills from the pool: its refills keep to the stratum too
+    assert [(r["round"], r["stratum"]) for r in generated] == [(0, SUMS_NAME), (1, SUMS_NAME)]
+    assert all(r["prompts"] >= 8 for r in generated)
+    held = q(store, "SELECT DISTINCT stratum FROM pool WHERE run_id = 'st' AND round = 0 AND status = 'heldout'")
+    assert len(held) == 2  # the held-out set is the whole pool's, products included
+
+
+def test_a_stratum_the_pool_has_not_or_a_flat_split_is_refused():
+    from flows.config import load_config
+
+    with pytest.raises(ValueError, match=r"select\.strata names 'rg:products\{max_digits=2\}', no pool source"):
+        load_config(sets=_sets('select.strata=["rg:products{max_digits=2}"]'))
+    with pytest.raises(ValueError, match=r"select\.strata needs eval\.heldout_split = 'stratified'"):
+        load_config(sets=_sets(f'select.strata=["{SUMS_NAME}"]', "eval.heldout_split=flat"))
+
+
+def test_the_oracle_arm_names_a_stratum_of_the_evidence_design():
+    from flows.compare import ARMS
+    from flows.config import load_config
+
+    config = load_config(str(ROOT / "benchmarks" / "evidence.toml"), sets=ARMS["oracle_sums"])
+    assert config.select.strata and config.select.selector == "uniform" and config.rollout.screen_samples == 0
