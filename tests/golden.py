@@ -29,6 +29,7 @@ RUNS = {
         "rollout.fewshot_p0=1.0", "rollout.lope_prefixes=6", "rollout.lope_max_groups=1",
         "select.embedder=hashing", "select.batch_size=12",
         'refine.strategies=["ladder", "hint_prefix", "harden"]', "refine.teacher_distractors=false",
+        "shape.enabled=true",  # as the stores were written (the default then)
         "shape.teacher_traces=false", "shape.steps=6", "shape.max_traces=4", "shape.max_new_tokens=32",
         "train.lr=1e-3", "eval.n_samples=4", "eval.k=2", "governor.enabled=false",
         "eval.decoding=sampled", "eval.milestone_tokens=0", "eval.heldout_split=flat",  # as the stores were written
@@ -47,6 +48,7 @@ RUNS = {
         "rollout.include_reserve=true", "select.embedder=hashing", "select.batch_size=6",
         "refine.teacher_max_new_tokens=16", "rollout.lope_prefixes=6", "rollout.lope_max_groups=2",
         "refine.scaffolds_from_policy=true", "governor.enabled=false",
+        "shape.enabled=true",  # as the stores were written (the default then)
         'refine.strategies=["ladder", "teacher_scaffold", "hint_prefix", "harden"]',  # as the stores were written
         "eval.decoding=sampled", "eval.milestone_tokens=0", "eval.heldout_split=flat",  # as the stores were written
         "pool.rg_solutions=false",  # as the stores were written

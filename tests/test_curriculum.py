@@ -19,6 +19,7 @@ TINY = ["model.policy=tiny-random", "model.dtype=fp32", "rollout.max_new_tokens=
         "rollout.include_reserve=true", "select.embedder=hashing", "select.batch_size=6",
         "refine.teacher_max_new_tokens=16", "rollout.lope_prefixes=6", "rollout.lope_max_groups=2",
         "rollout.screen_samples=0",  # B groups of G per round: the flow's rows, not screening's (test_screening.py)
+        "shape.enabled=true",  # off by default: every stage runs here, and the kill tests stop one mid-shape
         'pool.sources=[{"source": "rg:products", "size": 5, "params": {"max_digits": 1}}, '
         '{"source": "rg:chain_sum", "size": 3, "params": {"max_terms": 2, "max_digits": 1}}]']
 

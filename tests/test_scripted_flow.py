@@ -149,8 +149,8 @@ def scripted_sets(source: str) -> list[str]:
             "rollout.fewshot_p0=1.0", "rollout.lope_prefixes=6", "rollout.lope_max_groups=1",
             "select.embedder=hashing", "select.batch_size=16",
             'refine.strategies=["ladder", "hint_prefix", "harden"]', "refine.teacher_distractors=false",
-            "shape.teacher_traces=false", "shape.steps=6", "shape.max_traces=4", "shape.max_new_tokens=32",
-            "train.lr=1e-3", "eval.n_samples=4", "eval.k=2", "eval.decoding=sampled",
+            "shape.enabled=true", "shape.teacher_traces=false", "shape.steps=6", "shape.max_traces=4",
+            "shape.max_new_tokens=32", "train.lr=1e-3", "eval.n_samples=4", "eval.k=2", "eval.decoding=sampled",
             "rollout.screen_samples=0",  # every selected prompt scored at G: the too_hard paths need them
             'pool.sources=[{"source": "rg:products", "size": 8, "params": {"max_digits": 1}}, '
             '{"source": "rg:chain_sum", "size": 8, "params": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}, '

@@ -143,7 +143,7 @@ def _sets() -> list[str]:
     # group is then scored too_hard, the bucket hint_prefix refines, and its prompt is unsolved for shaping
     return ["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32",
             "rollout.group_size=2", "rollout.max_new_tokens=40", "select.embedder=hashing", "select.batch_size=24",
-            'refine.strategies=["hint_prefix"]', "shape.teacher_traces=false", "shape.steps=4",
+            'refine.strategies=["hint_prefix"]', "shape.enabled=true", "shape.teacher_traces=false", "shape.steps=4",
             "shape.max_traces=4", "shape.max_new_tokens=32", "train.lr=1e-3", "eval.n_samples=2", "eval.k=1",
             "governor.enabled=false",
             'pool.sources=[{"source": "rg:products", "size": 12, "params": {"max_digits": 1}}, '
