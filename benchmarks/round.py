@@ -5,7 +5,9 @@ each stage's ratio to its own lower bound where one is measurable (issue 14).
 
 Arms. This checkout, and with --baseline a git worktree of REF (made under /tmp, removed afterwards). Each arm
 runs in a child process whose working folder and PYTHONPATH are that tree, with its own PREFECT_HOME and a
-fresh store: the curriculum flow for --rounds rounds at the default config (plus --set). The child prints each
+fresh store: the curriculum flow for --rounds rounds at the default config with shaping on (`shape.enabled`,
+off by default since issue 50; on here so that both arms do the work the baseline's default did), plus --set.
+The child prints each
 stage's compute seconds (measured inside the stage's task by tasks.reporting.progress.timed, which every commit since
 issue 6 records), each round's wall time (from the end of the previous round's last stage; round 0 from the
 flow call, so it includes starting Prefect's temporary server and creating the run), the same without that
@@ -264,7 +266,7 @@ def main() -> int:
     p.add_argument("--json", default=None, metavar="PATH", help="write the figures as flat keys")
     p.add_argument("--keep", action="store_true", help="keep the arms' stores (default: removed at the end)")
     a = p.parse_args()
-    sets = [*(TINY if a.tiny else []), *a.set]
+    sets = ["shape.enabled=true", *(TINY if a.tiny else []), *a.set]  # the baseline's default round: like for like
     last = a.rounds - 1
     if a.baseline:
         check_commit(a.baseline, "round.py")

@@ -1,5 +1,5 @@
-"""The curriculum flow: R rounds of pool -> select -> collect -> score -> refine -> shape -> train -> evaluate
-over one experience store.
+"""The curriculum flow: R rounds of pool -> select -> collect -> score -> refine -> shape (with
+`shape.enabled`, off by default) -> train -> evaluate over one experience store.
 
 Choices, and why:
 - Every stage is a Prefect task that commits one store partition and returns a small summary; large data

@@ -51,7 +51,7 @@ import pyarrow as pa
 from flows.config import RunConfig, load_config, renamed
 from flows.preflight import validate_for_run
 from flows.resume import keep_stored, stored_fields
-from storage.rounds import prompts, this_round
+from storage.rounds import in_strata, prompts, this_round
 from storage.runs import mark, run_lock, stored_config
 from storage.schemas import TABLES
 from storage.store import Store, fault_point
@@ -121,7 +121,8 @@ class Sampler:
             if r > 0 and not self.store.landed(self.run_id, r - 1, "score"):
                 raise ValueError(f"round {r - 1}'s batch was not observed yet: call observe() before next_batch()")
             ctx = self._ctx(r)
-            pool_task.fn(ctx, self.config.pool, 0.0, self.config.eval.seed)
+            # nothing held out; the split still records each prompt's stratum (select.strata reads it)
+            pool_task.fn(ctx, self.config.pool, 0.0, self.config.eval.seed, self.config.eval.heldout_split)
             select = self.config.select.model_copy(update={"batch_size": n})
             select_task.fn(ctx, select, self.config.rollout.include_reserve)
             return self._batch(r)
@@ -221,8 +222,11 @@ class Sampler:
 
     def _candidates(self, r: int) -> int:
         statuses = ["active", "reserve"] if self.config.rollout.include_reserve else ["active"]
-        return this_round(self.store, "pool", self.run_id, r).filter(pl.col("status").is_in(statuses)).select(
-            pl.len()).collect().item()
+        pool = this_round(self.store, "pool", self.run_id, r).filter(pl.col("status").is_in(statuses))
+        if self.config.select.strata:
+            pool = pool.join(in_strata(self.store, self.run_id, self.config.select.strata), on="prompt_id",
+                             how="semi")
+        return pool.select(pl.len()).collect().item()
 
     def _batch(self, r: int) -> list[dict]:
         chosen = (this_round(self.store, "selections", self.run_id, r).select("prompt_id")

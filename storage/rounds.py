@@ -27,11 +27,13 @@ def prompts(store: Store, *columns: str | pl.Expr) -> pl.LazyFrame:
 
 
 def in_strata(store: Store, run_id: str, strata: list[str]) -> pl.LazyFrame:
-    """The prompt ids of `run_id`'s pool in these strata, as its round-0 pool rows record them (a child of a
-    refined prompt has no stratum, so it is not among them). A stratum no row records is refused by name."""
+    """The prompt ids of `run_id`'s pool in these strata: the originals its round-0 pool rows record there (the
+    held-out split's strata) and every prompt refined from them (a child's `root_id` names its original, so a
+    ladder rung or a softer sibling stays in its root's stratum). A stratum no row records is refused by name."""
     rows = this_round(store, "pool", run_id, 0).select("prompt_id", "stratum")
     known = set(rows.select("stratum").unique().collect()["stratum"].drop_nulls().to_list())
     if missing := [s for s in strata if s not in known]:
         raise ValueError(f"select.strata: run {run_id}'s pool records no stratum {missing[0]!r} (its strata: "
                          f"{', '.join(sorted(known)) or 'none; eval.heldout_split = stratified records them'})")
-    return rows.filter(pl.col("stratum").is_in(strata)).select("prompt_id")
+    roots = rows.filter(pl.col("stratum").is_in(strata)).select(pl.col("prompt_id").alias("root_id"))
+    return prompts(store, "root_id").join(roots, on="root_id", how="semi").select("prompt_id")

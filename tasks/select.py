@@ -60,10 +60,11 @@ class SelectConfig(Section):
     minibatch_above: int = Field(20_000, ge=1, le=1_000_000_000, description="kmeans: with more candidates than "
                                  "this, cluster with MiniBatchKMeans (batches of 4096), since full Lloyd "
                                  "iterations over 10^5+ points are too slow")
-    strata: list[str] = Field([], description="select only pool prompts of these strata (a pool source entry, "
-                              "named as tasks/core/heldout.py stratum_name does: 'rg:products{max_digits=1}'; "
-                              "eval.heldout_split 'stratified' records them); empty: every prompt. The held-out set "
-                              "stays the whole pool's: an oracle arm trains on one stratum")
+    strata: list[str] = Field([], description="draw only pool prompts of these strata, and their refined "
+                              "children (a pool source entry, named as tasks/core/heldout.py stratum_name does: "
+                              "'rg:products{max_digits=1}'; eval.heldout_split 'stratified' records them): the "
+                              "selection, screening's refills and DAPO's batches; empty: every prompt. The "
+                              "held-out set stays the whole pool's: an oracle arm trains on one stratum")
     pass_rate_prior: Literal["fitted", "pooled"] = Field(
         "fitted", description="the pass-rate model's bin prior (thompson, screening; tasks/core/passrate.py): "
         "fitted (empirical Bayes: each bin's mean and spread across its prompts) or pooled (4 pseudo-samples of "

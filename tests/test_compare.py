@@ -103,9 +103,9 @@ def test_every_arm_loads_over_the_evidence_design_and_a_candidate_is_the_default
     assert loaded["default_stratified"].rollout.screen_refill == "stratified" != loaded["default"].rollout.screen_refill
     for name in ("default_thompson", "default_replay", "default_stratified"):
         assert ARMS[name][: len(ARMS["default"])] == ARMS["default"] and len(ARMS[name]) == len(ARMS["default"]) + 1
-    worked = loaded["default_worked"].shape  # one part in three fields: shaping that generates nothing
+    worked = loaded["default_worked"].shape  # one part in four fields: shaping on, and it generates nothing
     assert (worked.steps, worked.teacher_traces, worked.enabled) == (0, False, True)
     assert worked.max_traces > loaded["default"].shape.max_traces
     assert ARMS["default_worked"][: len(ARMS["default"])] == ARMS["default"]
     assert {o.split("=")[0] for o in ARMS["default_worked"][len(ARMS["default"]):]} == {
-        "shape.steps", "shape.teacher_traces", "shape.max_traces"}
+        "shape.enabled", "shape.steps", "shape.teacher_traces", "shape.max_traces"}

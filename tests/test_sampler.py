@@ -137,3 +137,14 @@ def test_a_run_sampled_before_a_default_changed_resumes(store):
         assert s.config.refine.strategies == ["ladder", "teacher_scaffold", "hint_prefix", "harden"]
     with pytest.raises(ValueError, match="was sampled with another config"):  # a change the user asked for
         Sampler(store.root, "old", sets=[*sets, 'refine.strategies=["ladder"]'])
+
+
+def test_the_sampler_draws_only_the_named_strata(store):
+    """select.strata holds in a sampled run as in the curriculum flow: the sampler's pool records its strata
+    (nothing held out) and the batch comes from the named one."""
+    sums = "rg:chain_sum{max_digits=1,max_terms=2}"
+    with Sampler(store.root, "st", sets=[*SETS, f'select.strata=["{sums}"]']) as s:
+        batch = s.next_batch(3)
+    assert len(batch) == 3 and {b["source"] for b in batch} == {"rg:chain_sum"}
+    assert q(store, "SELECT DISTINCT stratum, status FROM pool WHERE run_id = 'st' AND prompt_id IN "
+                    "(SELECT prompt_id FROM selections WHERE run_id = 'st')") == [{"stratum": sums, "status": "active"}]

@@ -1,4 +1,4 @@
-"""`select.strata` (tasks/select.py `in_strata`): selection draws only from the named pool strata while the
+"""`select.strata` (tasks/select.py, storage/rounds.py `in_strata`): selection draws only from the named pool strata while the
 held-out split stays the whole pool's (the evidence's oracle arm, flows/compare.py `oracle_sums`); a stratum
 the pool does not have, or a split that records none, is refused before the run starts."""
 
@@ -14,24 +14,29 @@ def _sets(*extra: str) -> list[str]:
     import json
 
     return ["model.policy=tiny-random", "model.backend=scripted", "model.dtype=fp32", "rollout.group_size=4",
-            "rollout.max_new_tokens=16", "rollout.fewshot_p0=0.0", "select.selector=uniform",
-            "select.batch_size=8", "refine.strategies=[]", "train.enabled=false",
+            "rollout.max_new_tokens=16", "rollout.fewshot_p0=0.0", "select.batch_size=8", "train.enabled=false",
             "eval.heldout_split=stratified", f"pool.sources={json.dumps([PRODUCTS, SUMS])}", *extra]
 
 
-def test_selection_draws_only_the_named_stratum_and_holds_out_every_one(prefect_api, tmp_path):
+@pytest.mark.parametrize("selector", ["uniform", "dapo_filter"])
+def test_selection_draws_only_the_named_stratum_and_holds_out_every_one(prefect_api, tmp_path, selector):
+    """uniform collects by screening (the default path), whose refills come from the pool, with the ladder
+    refining too-hard prompts; dapo_filter draws its generation batches from the pool. Every prompt generated
+    for, a refined child included (by its root), is of the stratum."""
     from flows.config import load_config
     from flows.curriculum import curriculum
     from storage.store import Store
 
     store = Store(tmp_path / "store")
-    curriculum(load_config(sets=_sets(f'select.strata=["{SUMS_NAME}"]'), run_id="st", store=store.root, rounds=2))
+    refine = 'refine.strategies=["ladder"]' if selector == "uniform" else "refine.strategies=[]"
+    sets = _sets(f'select.strata=["{SUMS_NAME}"]', f"select.selector={selector}", refine)
+    curriculum(load_config(sets=sets, run_id="st", store=store.root, rounds=2))
     generated = q(store, """SELECT r.round, l.stratum, count(DISTINCT r.prompt_id) AS prompts
                             FROM (SELECT run_id, round, prompt_id FROM rollouts UNION ALL
                                   SELECT run_id, round, prompt_id FROM discarded_rollouts) r
-                            JOIN pool l ON l.prompt_id = r.prompt_id AND l.run_id = r.run_id AND l.round = 0
+                            JOIN (SELECT DISTINCT prompt_id, root_id FROM prompts) p USING (prompt_id)
+                            JOIN pool l ON l.prompt_id = p.root_id AND l.run_id = r.run_id AND l.round = 0
                             WHERE r.run_id = 'st' GROUP BY ALL ORDER BY ALL""")
-    # screening (the default collect path) refills from the pool: its refills keep to the stratum too
     assert [(r["round"], r["stratum"]) for r in generated] == [(0, SUMS_NAME), (1, SUMS_NAME)]
     assert all(r["prompts"] >= 8 for r in generated)
     held = q(store, "SELECT DISTINCT stratum FROM pool WHERE run_id = 'st' AND round = 0 AND status = 'heldout'")

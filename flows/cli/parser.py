@@ -36,6 +36,7 @@ from flows.cli.commands import (
 )
 from flows.cli.read_commands import cmd_catalog, cmd_export, cmd_lineage, cmd_sql
 from flows.cli.run_summary import print_summary, try_command
+from flows.compare import ARMS
 
 __all__ = ["CliError", "build_parser", "check_store", "main", "print_summary", "try_command"]
 
@@ -76,8 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     cp = sub.add_parser("compare", parents=[common], help="arms side by side: one run per (arm, seed) on the "
                         "same pool and held-out split, paired seeds (flows/compare.py)")
     cp.add_argument("--arms", default="uniform,dapo_filter,eps_kmeans,refinery",
-                    help="comma-separated arm names (built in: uniform, dapo_filter, eps, eps_kmeans, refinery, "
-                    "no_refine, no_shape, no_fewshot, no_lope, default)")
+                    help=f"comma-separated arm names (built in: {', '.join(ARMS)})")
     cp.add_argument("--seeds", type=int, default=3, help="paired seeds 0..N-1 per arm (default 3)")
     cp.add_argument("--prefix", default="cmp", help="run ids are <prefix>-<arm>-s<seed> (default cmp)")
     cp.add_argument("--rounds", type=int, default=None)

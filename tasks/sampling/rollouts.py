@@ -9,6 +9,7 @@ batch by batch (tasks/sampling/dynamic.py).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -75,7 +76,7 @@ class RolloutConfig(Section):
 
 
 def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, include_reserve: bool,
-                  strata: list[str] = ()) -> pl.DataFrame:
+                  strata: Sequence[str] = ()) -> pl.DataFrame:
     """The prompts this round collects for: its selection, or (a `whole_pool` selector: 'all'; the candidates
     of screening's refills and DAPO's batches) the pool's active members, and reserve ones if asked, of
     `strata` only when it names any (select.strata)."""
