@@ -15,6 +15,7 @@ from storage.query import sql
 # rates, so a dataset evaluation has correct and wrong samples; no training, so the run's checkpoint is v0.
 SETS = [s for s in TINY if not s.startswith("rollout.max_new_tokens")] + [
     "model.backend=scripted", "rollout.max_new_tokens=40", "shape.enabled=false",
+    "shape.max_traces=1", "shape.steps=1",  # where an arm turns shaping on (`refinery`: tests/test_compare.py), a little
     "train.enabled=false", "eval.n_samples=8", "eval.k=4", "eval.decoding=sampled"]
 QUESTIONS = [("What is 3 + 4?", "7"), ("What is 6 * 7?", "42"), ("What is 9 - 12?", "-3"),
              ("What is 8 * 8 + 1?", "65"), ("Name a colour.", "blue")]  # the last has no expression: never solved
