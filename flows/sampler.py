@@ -51,7 +51,7 @@ import pyarrow as pa
 from flows.config import RunConfig, load_config, renamed
 from flows.preflight import validate_for_run
 from flows.resume import keep_stored, stored_fields
-from storage.rounds import in_strata, prompts, this_round
+from storage.rounds import pool_candidates, prompts, this_round
 from storage.runs import mark, run_lock, stored_config
 from storage.schemas import TABLES
 from storage.store import Store, fault_point
@@ -221,12 +221,8 @@ class Sampler:
                             model=self.config.model, scale=self.config.scale)
 
     def _candidates(self, r: int) -> int:
-        statuses = ["active", "reserve"] if self.config.rollout.include_reserve else ["active"]
-        pool = this_round(self.store, "pool", self.run_id, r).filter(pl.col("status").is_in(statuses))
-        if self.config.select.strata:
-            pool = pool.join(in_strata(self.store, self.run_id, self.config.select.strata), on="prompt_id",
-                             how="semi")
-        return pool.select(pl.len()).collect().item()
+        return pool_candidates(self.store, self.run_id, r, self.config.rollout.include_reserve,
+                               self.config.select.strata).select(pl.len()).collect().item()
 
     def _batch(self, r: int) -> list[dict]:
         chosen = (this_round(self.store, "selections", self.run_id, r).select("prompt_id")

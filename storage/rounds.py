@@ -7,6 +7,8 @@ Choices, and why:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import polars as pl
 
 from storage.query import scan
@@ -26,7 +28,7 @@ def prompts(store: Store, *columns: str | pl.Expr) -> pl.LazyFrame:
     return frame.unique("prompt_id")
 
 
-def in_strata(store: Store, run_id: str, strata: list[str]) -> pl.LazyFrame:
+def in_strata(store: Store, run_id: str, strata: Sequence[str]) -> pl.LazyFrame:
     """The prompt ids of `run_id`'s pool in these strata: the originals its round-0 pool rows record there (the
     held-out split's strata) and every prompt refined from them (a child's `root_id` names its original, so a
     ladder rung or a softer sibling stays in its root's stratum). A stratum no row records is refused by name."""
@@ -37,3 +39,13 @@ def in_strata(store: Store, run_id: str, strata: list[str]) -> pl.LazyFrame:
                          f"{', '.join(sorted(known)) or 'none; eval.heldout_split = stratified records them'})")
     roots = rows.filter(pl.col("stratum").is_in(strata)).select(pl.col("prompt_id").alias("root_id"))
     return prompts(store, "root_id").join(roots, on="root_id", how="semi").select("prompt_id")
+
+
+def pool_candidates(store: Store, run_id: str, round: int, include_reserve: bool,
+                    strata: Sequence[str] = ()) -> pl.LazyFrame:
+    """The prompt ids a round may draw from: its active pool members, reserve ones if asked, and of `strata`
+    only when it names any (select.strata). Selection, screening's refills, DAPO's batches, the `all` selector
+    and the Sampler read the pool through this one filter."""
+    statuses = ["active", "reserve"] if include_reserve else ["active"]
+    ids = this_round(store, "pool", run_id, round).filter(pl.col("status").is_in(statuses)).select("prompt_id")
+    return ids.join(in_strata(store, run_id, strata), on="prompt_id", how="semi") if strata else ids

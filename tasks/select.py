@@ -24,7 +24,7 @@ from pydantic import Field
 from models.config import Section
 from models.registry import load_model
 from storage.query import scan
-from storage.rounds import in_strata, prompts, this_round
+from storage.rounds import pool_candidates, prompts, this_round
 from storage.store import Store
 from tasks.core.seeds import round_seed
 from tasks.reporting.progress import sig4
@@ -77,11 +77,8 @@ class SelectConfig(Section):
 @stage("select")
 def select_task(ctx: RoundContext, store: Store, cfg: SelectConfig, include_reserve: bool) -> dict:
     """Choose the round's batch from the pool, land `selections` (and `centroids`)."""
-    statuses = ["active", "reserve"] if include_reserve else ["active"]
     earlier = (pl.col("run_id") == ctx.run_id) & (pl.col("round") < ctx.round)
-    pool = ctx.rows(store, "pool").filter(pl.col("status").is_in(statuses)).select("prompt_id")
-    if cfg.strata:
-        pool = pool.join(in_strata(store, ctx.run_id, cfg.strata), on="prompt_id", how="semi")
+    pool = pool_candidates(store, ctx.run_id, ctx.round, include_reserve, cfg.strata)
     # each prompt's latest score in this run; a prompt no earlier round scored has none (it is never scored)
     scores = (scan(store, "prompt_scores").filter(earlier).sort("round", "policy_version")
               .group_by("prompt_id").last().select("prompt_id", "eps"))

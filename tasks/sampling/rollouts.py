@@ -19,7 +19,7 @@ from pydantic import Field
 
 from models.backend import Backend, Completion, Sampling
 from models.config import Section
-from storage.rounds import in_strata, this_round
+from storage.rounds import pool_candidates, this_round
 from storage.rounds import prompts as prompt_table
 from storage.store import Store, fault_point
 from tasks.core.fewshot import fewshot_messages
@@ -83,10 +83,7 @@ def round_prompts(store: Store, run_id: str, round: int, use_selection: bool, in
     if use_selection:
         ids = this_round(store, "selections", run_id, round)
     else:
-        statuses = ["active", "reserve"] if include_reserve else ["active"]
-        ids = this_round(store, "pool", run_id, round).filter(pl.col("status").is_in(statuses))
-        if strata:
-            ids = ids.join(in_strata(store, run_id, list(strata)), on="prompt_id", how="semi")
+        ids = pool_candidates(store, run_id, round, include_reserve, strata)
     # root_id: few-shot context keeps a prompt's own lineage out of its demonstrations
     prompts = prompt_table(store, "text", "answer", "source", "meta", "root_id")
     return ids.select("prompt_id").unique().join(prompts, on="prompt_id", how="inner").sort("prompt_id").collect()
