@@ -41,6 +41,16 @@ def test_selection_draws_only_the_named_stratum_and_holds_out_every_one(prefect_
     assert all(r["prompts"] >= 8 for r in generated)
     held = q(store, "SELECT DISTINCT stratum FROM pool WHERE run_id = 'st' AND round = 0 AND status = 'heldout'")
     assert len(held) == 2  # the held-out set is the whole pool's, products included
+    if selector == "uniform":  # the exported curriculum is what the run could draw: the stratum and its children
+        import pyarrow.parquet as pq
+
+        from tasks.interop.export_run import export_run
+
+        export_run(store, "st", "trl", str(tmp_path / "cur.parquet"))
+        rows = pq.read_table(tmp_path / "cur.parquet").to_pylist()
+        roots = {r["prompt_id"]: r["stratum"] for r in q(store, "SELECT prompt_id, stratum FROM pool "
+                                                                 "WHERE run_id = 'st' AND round = 0")}
+        assert rows and {roots[r["root_id"]] for r in rows} == {SUMS_NAME}
 
 
 def test_a_stratum_the_pool_has_not_or_a_flat_split_is_refused():

@@ -3,7 +3,8 @@ its evaluation sets for lm-evaluation-harness (`refinery export RUN_ID --heldout
 
 Round R's curriculum is the pool the run trained from in round R (default: its last round), one row per
 trainable prompt (pool status `active` or `reserve`; held-out and retired prompts are never exported, so an
-external trainer cannot train on the run's held-out split):
+external trainer cannot train on the run's held-out split; a run with `select.strata` exports only those strata
+and their refined children, the prompts it could draw):
 - `prompt`: the chat messages Refinery itself sends (tasks/core/fewshot.py `ask`: the question, a newline, the
   run's `rollout.instruction`; an imported run has no instruction, its prompt is the text as imported). Few-shot
   demonstrations are a rollout-time augmentation and are not part of the exported prompt;
@@ -48,7 +49,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from storage.query import scan
-from storage.rounds import prompts, this_round
+from storage.rounds import in_strata, prompts, this_round
 from storage.runs import stored_config
 from storage.store import Store
 from tasks.core.fewshot import ask
@@ -88,10 +89,14 @@ def instruction_of(config: dict) -> str:
     return str(config.get("rollout", {}).get("instruction", ""))
 
 
-def curriculum_rows(store: Store, run_id: str, round: int, instruction: str) -> pl.DataFrame:
-    """Round `round`'s trainable pool with its text, lineage, newest EPS score and selection."""
+def curriculum_rows(store: Store, run_id: str, round: int, instruction: str, strata: list[str] = ()
+                    ) -> pl.DataFrame:
+    """Round `round`'s trainable pool (of `strata` only, when the run drew from some) with its text, lineage,
+    newest EPS score and selection."""
     pool = (this_round(store, "pool", run_id, round).filter(pl.col("status").is_in(["active", "reserve"]))
             .select("prompt_id", "status").unique("prompt_id"))
+    if strata:
+        pool = pool.join(in_strata(store, run_id, strata), on="prompt_id", how="semi")
     text = prompts(store, "text", "answer", "source", "root_id", "parent_id", "transform")
     scores = (scan(store, "prompt_scores").filter((pl.col("run_id") == run_id) & (pl.col("round") <= round))
               .sort("round", "policy_version")
@@ -177,7 +182,7 @@ def export_run(store: Store, run_id: str, fmt: str, out: str, round: int | None 
                              "or no chain ended correct); nothing to export as SFT")
         selected = 0
     else:
-        rows = curriculum_rows(store, run_id, round, instruction)
+        rows = curriculum_rows(store, run_id, round, instruction, config.get("select", {}).get("strata") or [])
         if rows.height == 0:
             raise ValueError(f"run {run_id} round {round} has no trainable prompt (active or reserve) to export")
         frame = rows.select(PROMPT_COLUMNS)
