@@ -149,10 +149,10 @@ def _shown(p: Path) -> str:
 
 def design(planned, missing, seeds_text: str, sets, config: Path, datasets: list[Path]) -> str:
     """The page's "experiment" section; `seeds_text` says which arms ran at how many seeds."""
-    from flows.compare import ARMS, SEEDED
+    from tasks.compare.arms import ARMS, SEEDED
 
     lines = ["## The experiment", "",
-             f"Arms (flows/compare.py; an arm is a list of config overrides on the shared config). {seeds_text}. "
+             f"Arms (tasks/compare/arms.py; an arm is a list of config overrides on the shared config). {seeds_text}. "
              f"Seed s sets "
              f"{', '.join(f'`{k}`' for k in SEEDED)} to s in every arm, so arms pair by seed; the pool, its "
              "held-out split and the evaluation's sampling are the same in every run.", "",

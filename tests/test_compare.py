@@ -5,8 +5,9 @@ import pytest
 from conftest import run_cli
 from test_eval_dataset import SETS
 
-from flows.compare import ARMS, plan
+from flows.compare import plan
 from storage.query import sql
+from tasks.compare.arms import ARMS
 
 
 def test_the_plan_pairs_seeds_across_arms_and_names_each_run():

@@ -1,5 +1,5 @@
 """`select.strata` (tasks/select.py, storage/rounds.py `in_strata`): selection draws only from the named pool strata while the
-held-out split stays the whole pool's (the evidence's oracle arm, flows/compare.py `oracle_sums`); a stratum
+held-out split stays the whole pool's (the evidence's oracle arm, tasks/compare/arms.py `oracle_sums`); a stratum
 the pool does not have, or a split that records none, is refused before the run starts."""
 
 import pytest
@@ -63,8 +63,8 @@ def test_a_stratum_the_pool_has_not_or_a_flat_split_is_refused():
 
 
 def test_the_oracle_arm_names_a_stratum_of_the_evidence_design():
-    from flows.compare import ARMS
     from flows.config import load_config
+    from tasks.compare.arms import ARMS
 
     config = load_config(str(ROOT / "benchmarks" / "evidence.toml"), sets=ARMS["oracle_sums"])
     assert config.select.strata and config.select.selector == "uniform" and config.rollout.screen_samples == 0

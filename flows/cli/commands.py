@@ -237,7 +237,8 @@ def cmd_compare(a: argparse.Namespace) -> int:
             raise CliError(f"--arm {item!r}: expected NAME:section.key=value")
         extra.setdefault(name, []).append(override)
     with early_prefect(a.store, a.verbose):
-        from flows.compare import ARMS, prepare_comparison, run_comparison
+        from flows.compare import prepare_comparison, run_comparison
+        from tasks.compare.arms import ARMS
 
         extra = {name: [*ARMS.get(name, []), *overrides] for name, overrides in extra.items()}
         arms = [x.strip() for x in a.arms.split(",") if x.strip()]

@@ -36,7 +36,7 @@ from flows.cli.commands import (
 )
 from flows.cli.read_commands import cmd_catalog, cmd_export, cmd_lineage, cmd_sql
 from flows.cli.run_summary import print_summary, try_command
-from flows.compare import ARMS
+from tasks.compare.arms import ARMS
 
 __all__ = ["CliError", "build_parser", "check_store", "main", "print_summary", "try_command"]
 
