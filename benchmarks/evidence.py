@@ -44,7 +44,8 @@ are named in a warning first too (evidence_design.py `mixed_arithmetic`), not re
 `--json PATH` writes the page's headline figures (tasks/compare/headline.py): issue 49's `heldout_prompts`,
 `heldout_strata`, `eval_token_share`, and per arm under `arms` `pass1_at_budget`, `vs_uniform`,
 `relative_vs_uniform`, `paired_seeds`, `seed_test_p`, `power_seeds_needed`, `informative_ratio`, the area
-under the curve and the matched steps and seconds of its pair with `uniform` (tasks/compare/decide.py).
+under the curve, the token exchange (`token_exchange`: uniform's tokens over the arm's for the same pass@1) and
+the matched steps and seconds of its pair with `uniform` (tasks/compare/decide.py).
 benchmarks/evidence_reading.md (or `--reading PATH`), where it exists, is a hand-written reading of the figures
 (which part hurts, what changed and why); the page puts it under the generated verdict. It is dated and says
 which runs it read, since the tables regenerate and it does not. Each committed comparison keeps its own

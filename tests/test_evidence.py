@@ -490,6 +490,26 @@ def test_the_area_under_the_curve_is_the_trapezoid_up_to_the_budget_over_the_bud
     assert area_under(costs, p, 1200.5) is None and area_under(costs, p, 1200) is not None
 
 
+def test_the_token_exchange_reads_each_curve_at_its_first_crossing():
+    """Above the base: the budget over the arm's tokens to the base's figure; at or below: the base's tokens to
+    the arm's figure over the budget; the mean over prompts, linear between checkpoints, the first crossing of a
+    curve that dips; a run that did not reach the budget has none."""
+    from tasks.core.curves import token_exchange
+
+    costs = [0, 20000, 40000, 60000]
+
+    def two(*means):  # two prompts whose mean is each value
+        return [[m - 0.1, m + 0.1] for m in means]
+
+    base = two(0.2, 0.4, 0.45, 0.5)
+    assert token_exchange(costs, two(0.2, 0.3, 0.45, 0.55), costs, base, 60000) == pytest.approx(60 / 50)
+    assert token_exchange(costs, two(0.2, 0.3, 0.35, 0.4), costs, base, 60000) == pytest.approx(20 / 60)
+    dips = two(0.2, 0.5, 0.4, 0.45)  # reaches 0.45 first at 16,667 tokens, on the way up to 0.5
+    assert token_exchange(costs, two(0.2, 0.3, 0.4, 0.45), costs, dips, 60000) == pytest.approx(50 / 180)
+    assert token_exchange(costs, base, costs, base, 60000) == pytest.approx(1.0)
+    assert token_exchange(costs[:3], base[:3], costs, base, 60000) is None
+
+
 def test_the_external_set_is_read_at_the_matched_checkpoint_only_when_every_run_has_one():
     from tasks.compare.external import choose, matched_versions
     from tasks.compare.figures import RunCurve
@@ -648,6 +668,18 @@ def test_the_seed_test_strata_budgets_and_pairs_match_a_direct_computation(miles
             trained = sql(store, f"SELECT coalesce(sum(seconds), 0) AS s FROM train_steps WHERE run_id = '{run}' "
                                  f"AND round < {v}").to_pylist()[0]["s"]
             assert trained <= work + 1e-6 and work <= wall + 1e-6  # holds the training, not the evaluations
+    # the token exchange: uniform's tokens over default's for the same mean pass@1, read off a dense grid of each
+    # run's own curve (first crossing) rather than tasks/core/curves.py's segment search
+    grid = np.arange(0, budget + 1, dtype=float)
+    for s, got in zip((0, 1), dec.exchange):
+        a, b = (ev.curves[runs[arm, s]] for arm in ("default", "uniform"))
+        a_curve, b_curve = (np.interp(grid, c.costs["tokens"], c.pass1.mean(axis=1)) for c in (a, b))
+        if a_curve[-1] <= b_curve[-1]:
+            want = grid[np.argmax(b_curve >= a_curve[-1] - 1e-12)] / budget
+        else:
+            want = budget / grid[np.argmax(a_curve >= b_curve[-1] - 1e-12)]
+        assert got == pytest.approx(want, rel=2e-3, abs=2e-3)
+    assert dec.exchange_median == pytest.approx(np.median(dec.exchange)) and ev.decisions["uniform"].exchange == []
     assert dec.train_tokens == pytest.approx(np.mean([
         sql(store, f"SELECT sum(n_tokens) AS n FROM train_steps WHERE run_id = '{runs['default', s]}'").to_pylist()[0]["n"]
         for s in (0, 1)]))
@@ -792,6 +824,9 @@ def test_evidence_json_for_the_calibration_arms(milestoned, tmp_path, capsys):
         want.test.p, 2, want.test.power_seeds)
     assert default["informative_ratio"] == figures["default_informative"]
     assert default["pass1_at"] == {str(HALF): pytest.approx(want.at_design[HALF].mean), "1000000": None}
+    assert default["token_exchange"] == pytest.approx(want.exchange_median)
+    assert default["token_exchange_per_seed"] == pytest.approx(want.exchange)
+    assert figures["arms"]["uniform"]["token_exchange"] is None
     assert figures["arms"]["uniform"]["seed_test_p"] is None and figures["arms"]["uniform"]["vs_uniform"] is None
     strata = figures["heldout_strata"]
     assert sum(s["prompts"] for s in strata.values()) == figures["heldout_prompts"]
@@ -800,7 +835,7 @@ def test_evidence_json_for_the_calibration_arms(milestoned, tmp_path, capsys):
     page = out.read_text()
     for line in ("### The seed-level test beside the bootstrap", "**(never solved)**", "Totals with and without the "
                  "never-solved strata", "| not reached |", "### Matched steps and seconds per pair",
-                 "| training tokens |", "--arms uniform,default --seeds 2",
+                 "| training tokens |", "### Token exchange against `uniform`", "--arms uniform,default --seeds 2",
                  "Arms `uniform`, `default` at 2 paired seed(s)", "`default` >= `uniform` + 10% relative",
                  f"the seed-level paired test significant at 5% (sign-flip p {want.test.p:.3f} over 2 seeds)"):
         assert line in page, line

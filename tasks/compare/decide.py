@@ -14,6 +14,8 @@ Per arm against the base arm (`uniform`), over the seeds both ran:
 - matched steps and seconds per pair: the arm and the base over their paired seeds, each at the smaller of the
   two arms' reach on that axis (the smallest last cost over those runs), not at the reach of the slowest run of
   the whole comparison; seconds are generation and training only (tasks/compare/timing.py);
+- the token exchange per paired seed (tasks/core/curves.py `token_exchange`): the base run's generated tokens
+  over the arm's for the same mean pass@1 at the matched token budget (above 1: the arm needs fewer tokens);
 - training tokens per run (`TRAINED`: the tokens the optimizer stepped on) beside generated tokens. Prefill
   tokens (prompts, few-shot turns, LoPE prefixes, MCMC contexts) are not recorded by the store
   (models/meter.py counts completions only), and the page says so rather than estimate them.
@@ -26,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tasks.compare.figures import arm_at
-from tasks.core.curves import area_under, matched_budget
+from tasks.core.curves import area_under, matched_budget, token_exchange
 from tasks.core.seed_test import seed_differences, seeds_needed, sign_flip_p, t_interval
 from tasks.core.stats import Interval, bootstrap_mean, paired_difference
 
@@ -68,6 +70,13 @@ class ArmDecision:
     diff_design: dict[int, Interval | None] = field(default_factory=dict)
     pairs: dict[str, PairMatch | None] = field(default_factory=dict)  # axis -> matched with the base arm
     train_tokens: float = float("nan")  # mean per run
+    exchange: list[float | None] = field(default_factory=list)  # per paired seed: base tokens / arm tokens
+
+    @property
+    def exchange_median(self) -> float | None:
+        """The median token exchange over the paired seeds (None when no seed has one)."""
+        known = [x for x in self.exchange if x is not None]
+        return float(np.median(known)) if known else None
 
 
 def seed_test(a, b, seeds: list[int], relative_effect: float = RELATIVE_EFFECT) -> SeedTest:
@@ -122,6 +131,8 @@ def decide(arms, curves: dict, base_arm: str, token_budget: float, design_budget
             a, b = _both(arm_at, a_c, b_c, "tokens", budget)
             dec.diff_design[budget] = paired_difference(a, b) if common and a is not None and b is not None else None
         dec.pairs = {axis: pair_match(a_c, b_c, axis) if common else None for axis in PAIR_AXES}
+        dec.exchange = [token_exchange(a.costs["tokens"], a.pass1, b.costs["tokens"], b.pass1, token_budget)
+                        for a, b in zip(a_c, b_c)]
         if trained is not None:
             dec.train_tokens = float(np.mean([trained.get(i, 0) for i in f.run_ids]))
         out[f.arm] = dec

@@ -8,7 +8,9 @@ the flat per-arm keys written before issue 49 (`<arm>_pass1_at_tokens`, `<arm>_v
 `<arm>_informative`, `<arm>_discarded_share`); and `arms`: per arm `pass1_at_budget`, `vs_uniform`
 ([difference, low, high], null for the base arm), `relative_vs_uniform`, `paired_seeds`, `seed_test_p`,
 `seed_differences`, `t_interval`, `power_seeds_needed`, `informative_ratio`, `discarded_share`,
-`pass1_at` (per design budget, null where not reached), `auc`, `auc_vs_uniform`, `matched_steps` and
+`pass1_at` (per design budget, null where not reached), `auc`, `auc_vs_uniform`, `token_exchange` (the median
+over paired seeds of uniform's generated tokens over the arm's for the same pass@1; tasks/core/curves.py) and
+`token_exchange_per_seed`, `matched_steps` and
 `matched_work_seconds` (the pair's budget and [difference, low, high]), `train_tokens`, `generated_tokens`,
 `pass1_without_never_solved`. A figure that does not exist (one seed's interval) is null, never NaN.
 """
@@ -57,6 +59,8 @@ def headline(ev, commits: list[str], dirty_runs: list[str]) -> dict:
             "informative_ratio": f.informative, "discarded_share": f.discarded_share,
             "pass1_at": {str(b): (_num(x.mean) if x else None) for b, x in d.at_design.items()},
             "auc": _num(d.auc.mean) if d.auc else None, "auc_vs_uniform": _triple(d.auc_diff),
+            "token_exchange": _num(d.exchange_median) if d.paired_seeds else None,
+            "token_exchange_per_seed": [_num(x) for x in d.exchange] if d.paired_seeds else None,
             **{f"matched_{axis}": ({"budget": m.budget, "difference": _triple(m.diff)} if m else None)
                for axis, m in d.pairs.items()},
             "train_tokens": _num(d.train_tokens),

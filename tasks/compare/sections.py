@@ -103,6 +103,26 @@ def budget_lines(ev) -> list[str]:
     return lines
 
 
+def exchange_lines(ev) -> list[str]:
+    base = ev.base_arm
+    rows = [(f.arm, ev.decisions[f.arm]) for f in ev.arms if ev.decisions[f.arm].paired_seeds]
+    if not rows:
+        return []
+    lines = [f"### Token exchange against `{base}` at {ev.budgets['tokens']:.0f} tokens (paired seeds)", "",
+             f"Per paired seed, `{base}`'s generated tokens over the arm's for the same mean held-out pass@1, on "
+             "each run's curve through its checkpoints (first crossing, linear between them; tasks/core/curves.py "
+             f"`token_exchange`): where the arm ends at or below `{base}`, the tokens `{base}` needed to reach the "
+             f"arm's figure, over the budget; where above, the budget over the tokens the arm needed to reach "
+             f"`{base}`'s. Above 1.00x the arm learns with fewer tokens (2.00x: half). As coarse as the milestones "
+             "between which it is read.", "",
+             "| arm | paired seeds | per seed | median |", "|---|---|---|---|"]
+    for arm, d in rows:
+        per = ", ".join("n/a" if x is None else f"{x:.2f}x" for x in d.exchange)
+        med = d.exchange_median
+        lines.append(f"| `{arm}` | {d.paired_seeds} | {per} | {'n/a' if med is None else f'{med:.2f}x'} |")
+    return lines
+
+
 def pair_lines(ev) -> list[str]:
     base = ev.base_arm
     lines = [f"### Matched steps and seconds per pair (each arm and `{base}` over their paired seeds)", "",
@@ -182,7 +202,7 @@ def yield_lines(ev) -> list[str]:
 
 def sections(ev) -> list[str]:
     out = []
-    for part in (seed_lines, strata_lines, budget_lines, pair_lines, token_lines, yield_lines):
+    for part in (seed_lines, strata_lines, budget_lines, exchange_lines, pair_lines, token_lines, yield_lines):
         lines = part(ev)
         out += [*lines, ""] if lines else []  # a section with nothing to show leaves no blank line either
     return out

@@ -12,6 +12,15 @@ The matched budget of a comparison is the smallest last-checkpoint cost over its
 every run reached. `area_under` summarises a whole curve up to a budget (issue 49, item 5): the trapezoid over
 the measured checkpoints (milestones, where the run was evaluated at them) and the point at the budget, divided
 by the budget, per prompt, so the same bootstrap applies to it.
+
+`token_exchange` puts a paired pair of runs on one scale, generated tokens: at the budget, how many tokens the
+base run needed for what the arm reached (when the arm is at or below it), or the arm for what the base reached
+(when above), on the piecewise-linear curve of mean held-out pass@1 through the checkpoints, first crossing.
+The ratio (the base's tokens over the arm's for the same pass@1) is above 1 when the arm learns with fewer
+tokens: 2.0 is "the arm at the budget is worth the base at twice the budget" read the other way round, as the
+field states sample efficiency ("reaches the baseline's accuracy with half the tokens"). It needs no checkpoint
+past the budget, so the evidence protocol's runs give it as they stand; between milestones it is as coarse as
+the milestones are.
 """
 
 from __future__ import annotations
@@ -50,6 +59,46 @@ def matched_budget(last_costs) -> float:
         raise ValueError("no runs to match")
     return min(last)
 
+
+def tokens_to_reach(costs, curve, target: float) -> float | None:
+    """The first cost at which the piecewise-linear `curve` (one value per checkpoint, at `costs`) reaches
+    `target`; None if it never does.
+
+    >>> tokens_to_reach([0, 20, 40], [0.2, 0.4, 0.5], 0.45)
+    30.0
+    >>> tokens_to_reach([0, 20, 40], [0.2, 0.4, 0.5], 0.6) is None
+    True
+    """
+    c = np.asarray(costs, dtype=float)
+    y = np.asarray(curve, dtype=float)
+    if c.shape != y.shape or c.ndim != 1 or c.size == 0:
+        raise ValueError(f"expected one value per checkpoint, got costs {c.shape} and curve {y.shape}")
+    for i in range(c.size):
+        if y[i] >= target:
+            if i == 0 or y[i] == y[i - 1]:
+                return float(c[i])
+            return float(c[i - 1] + (target - y[i - 1]) / (y[i] - y[i - 1]) * (c[i] - c[i - 1]))
+    return None
+
+
+def token_exchange(arm_costs, arm_pass1, base_costs, base_pass1, budget: float) -> float | None:
+    """The base run's generated tokens over the arm's for the same mean pass@1, read at `budget` (module
+    docstring); `*_pass1`: [checkpoints, prompts]. None when a run did not reach the budget; inf when the arm's
+    first checkpoint already had the base's figure (a base that did not improve on the shared base model).
+
+    >>> token_exchange([0, 20, 40], [[0.2], [0.4], [0.5]], [0, 20, 40], [[0.2], [0.3], [0.4]], 40)
+    2.0
+    >>> token_exchange([0, 20, 40], [[0.2], [0.3], [0.4]], [0, 20, 40], [[0.2], [0.4], [0.5]], 40)
+    0.5
+    """
+    a, b = at_budget(arm_costs, arm_pass1, budget), at_budget(base_costs, base_pass1, budget)
+    if a is None or b is None:
+        return None
+    a_mean, b_mean = float(a.mean()), float(b.mean())
+    if a_mean <= b_mean:  # the base's tokens for the arm's figure, over the budget the arm spent on it
+        return tokens_to_reach(base_costs, np.asarray(base_pass1, dtype=float).mean(axis=1), a_mean) / budget
+    t = tokens_to_reach(arm_costs, np.asarray(arm_pass1, dtype=float).mean(axis=1), b_mean)
+    return budget / t if t else float("inf")
 
 
 def area_under(costs, pass1, budget: float) -> np.ndarray | None:
