@@ -232,16 +232,21 @@ def final_matrix(store, run_ids: list[str]) -> tuple[np.ndarray, list[int]]:
 
 def matched_lines(store, prefix: str, runs: list[Planned]) -> list[str]:
     """Per arm: held-out pass@1 at the comparison's matched token budget (the largest every run reached,
-    interpolated per prompt between checkpoints; tasks/core/curves.py) and its paired difference to `uniform`
-    (or the first arm)."""
+    interpolated per prompt between checkpoints; tasks/core/curves.py), its paired difference to `uniform`
+    (or the first arm) and the token exchange against it (the median over paired seeds)."""
     from tasks.compare.page import build
 
     ev = build(store, prefix, runs)
-    head = f"at the matched budget of {ev.budgets['tokens']:.0f} generated tokens:"
-    return [head] + [f"  {f.arm}: held-out pass@1 {f.at['tokens'].mean:.3f} [{f.at['tokens'].low:.3f}, "
-                     f"{f.at['tokens'].high:.3f}]" + (f"; vs {ev.base_arm} {f.diff['tokens'].mean:+.3f} "
-                                                      f"[{f.diff['tokens'].low:+.3f}, {f.diff['tokens'].high:+.3f}]"
-                                                      if f.diff["tokens"] is not None else "") for f in ev.arms]
+    lines = [f"at the matched budget of {ev.budgets['tokens']:.0f} generated tokens:"]
+    for f in ev.arms:
+        at, diff, exchange = f.at["tokens"], f.diff["tokens"], ev.decisions[f.arm].exchange_median
+        line = f"  {f.arm}: held-out pass@1 {at.mean:.3f} [{at.low:.3f}, {at.high:.3f}]"
+        if diff is not None:
+            line += f"; vs {ev.base_arm} {diff.mean:+.3f} [{diff.low:+.3f}, {diff.high:+.3f}]"
+        if exchange is not None:
+            line += f"; token exchange {exchange:.2f}x ({ev.base_arm}'s tokens for the same pass@1 over its own)"
+        lines.append(line)
+    return lines
 
 
 def summary_lines(store, runs: list[Planned]) -> list[str]:

@@ -57,6 +57,7 @@ def compared(prefect_api, tmp_path_factory):
     head = next(i for i, ln in enumerate(out.splitlines()) if "at the matched budget of" in ln)
     assert [ln.split()[1] for ln in out.splitlines()[head + 1:head + 3]] == ["uniform:", "refinery:"]
     assert "; vs uniform " in out.splitlines()[head + 2]
+    assert "; token exchange " in out.splitlines()[head + 2] and "token exchange" not in out.splitlines()[head + 1]
     compare(["dapo_filter"], 1, "ev", SETS, {}, 1, store.root, datasets=[str(data)])
     planned = plan(["uniform", "refinery"], 2, "ev", SETS, {}) + plan(["dapo_filter"], 1, "ev", SETS, {})
     return store, planned, tmp
@@ -508,6 +509,7 @@ def test_the_token_exchange_reads_each_curve_at_its_first_crossing():
     assert token_exchange(costs, two(0.2, 0.3, 0.4, 0.45), costs, dips, 60000) == pytest.approx(50 / 180)
     assert token_exchange(costs, base, costs, base, 60000) == pytest.approx(1.0)
     assert token_exchange(costs[:3], base[:3], costs, base, 60000) is None
+    assert token_exchange([0], [[0.2]], [0], [[0.3]], 0) is None  # nothing generated (training off): none
 
 
 def test_the_external_set_is_read_at_the_matched_checkpoint_only_when_every_run_has_one():

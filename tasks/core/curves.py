@@ -83,14 +83,17 @@ def tokens_to_reach(costs, curve, target: float) -> float | None:
 
 def token_exchange(arm_costs, arm_pass1, base_costs, base_pass1, budget: float) -> float | None:
     """The base run's generated tokens over the arm's for the same mean pass@1, read at `budget` (module
-    docstring); `*_pass1`: [checkpoints, prompts]. None when a run did not reach the budget; inf when the arm's
-    first checkpoint already had the base's figure (a base that did not improve on the shared base model).
+    docstring); `*_pass1`: [checkpoints, prompts]. None when a run did not reach the budget or the budget is
+    0 (nothing generated: no exchange to read); inf when the arm's first checkpoint already had the base's figure
+    (a base that did not improve on the shared base model).
 
     >>> token_exchange([0, 20, 40], [[0.2], [0.4], [0.5]], [0, 20, 40], [[0.2], [0.3], [0.4]], 40)
     2.0
     >>> token_exchange([0, 20, 40], [[0.2], [0.3], [0.4]], [0, 20, 40], [[0.2], [0.4], [0.5]], 40)
     0.5
     """
+    if budget <= 0:
+        return None
     a, b = at_budget(arm_costs, arm_pass1, budget), at_budget(base_costs, base_pass1, budget)
     if a is None or b is None:
         return None
