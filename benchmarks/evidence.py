@@ -11,7 +11,7 @@ The design is fixed here, so every regeneration describes the same experiment:
   1), paired with `refinery`'s first seeds; `--confirm ABLATION` runs one of them at `--seeds` seeds instead,
   the check a default change needs (`--confirm no_lope --run` adds `no_lope`'s seeds 1 and 2); or, with
   `--arms A,B`, only those arms at `--seeds` (issue 49's calibration run is `--arms uniform,default --seeds 4
-  --run`; `default` is the shipped defaults, flows/compare.py); `--estimate` prints what the unfinished runs
+  --run`; `default` is the shipped defaults, tasks/compare/arms.py); `--estimate` prints what the unfinished runs
   would cost first;
 - one shared config, benchmarks/evidence.toml (the embedded default policy, a pool of five strata with a
   quarter of each stratum's twin groups, 403 prompts, held out by the stratified split, a generated-token

@@ -492,9 +492,10 @@ def test_the_area_under_the_curve_is_the_trapezoid_up_to_the_budget_over_the_bud
 
 
 def test_the_token_exchange_reads_each_curve_at_its_first_crossing():
-    """Above the base: the budget over the arm's tokens to the base's figure; at or below: the base's tokens to
-    the arm's figure over the budget; the mean over prompts, linear between checkpoints, the first crossing of a
-    curve that dips; a run that did not reach the budget has none."""
+    """The lower of the two figures at the budget, and each run's first tokens to it (the mean over prompts,
+    linear between checkpoints, the first crossing of a curve that dips): base over arm. A run against itself is
+    1.0, dips or not; a hair above or below the base reads alike; no exchange where a run did not reach the
+    budget, where nothing was generated, or where neither run rose above the shared base model."""
     from tasks.core.curves import token_exchange
 
     costs = [0, 20000, 40000, 60000]
@@ -508,6 +509,11 @@ def test_the_token_exchange_reads_each_curve_at_its_first_crossing():
     dips = two(0.2, 0.5, 0.4, 0.45)  # reaches 0.45 first at 16,667 tokens, on the way up to 0.5
     assert token_exchange(costs, two(0.2, 0.3, 0.4, 0.45), costs, dips, 60000) == pytest.approx(50 / 180)
     assert token_exchange(costs, base, costs, base, 60000) == pytest.approx(1.0)
+    assert token_exchange(costs, dips, costs, dips, 60000) == pytest.approx(1.0)
+    above, below = (token_exchange(costs, two(0.2, 0.3, 0.4, 0.45 + e), costs, dips, 60000) for e in (1e-4, -1e-4))
+    assert above == pytest.approx(below, abs=1e-3)
+    flat = two(0.2, 0.2, 0.2, 0.2)
+    assert token_exchange(costs, base, costs, flat, 60000) is None and token_exchange(costs, flat, costs, flat, 60000) is None
     assert token_exchange(costs[:3], base[:3], costs, base, 60000) is None
     assert token_exchange([0], [[0.2]], [0], [[0.3]], 0) is None  # nothing generated (training off): none
 
@@ -676,11 +682,9 @@ def test_the_seed_test_strata_budgets_and_pairs_match_a_direct_computation(miles
     for s, got in zip((0, 1), dec.exchange):
         a, b = (ev.curves[runs[arm, s]] for arm in ("default", "uniform"))
         a_curve, b_curve = (np.interp(grid, c.costs["tokens"], c.pass1.mean(axis=1)) for c in (a, b))
-        if a_curve[-1] <= b_curve[-1]:
-            want = grid[np.argmax(b_curve >= a_curve[-1] - 1e-12)] / budget
-        else:
-            want = budget / grid[np.argmax(a_curve >= b_curve[-1] - 1e-12)]
-        assert got == pytest.approx(want, rel=2e-3, abs=2e-3)
+        level = min(a_curve[-1], b_curve[-1]) - 1e-12  # the lower figure, each run's first crossing of it
+        first_a, first_b = grid[np.argmax(a_curve >= level)], grid[np.argmax(b_curve >= level)]
+        assert got == pytest.approx(first_b / first_a, rel=2e-3, abs=2e-3)
     assert dec.exchange_median == pytest.approx(np.median(dec.exchange)) and ev.decisions["uniform"].exchange == []
     assert dec.train_tokens == pytest.approx(np.mean([
         sql(store, f"SELECT sum(n_tokens) AS n FROM train_steps WHERE run_id = '{runs['default', s]}'").to_pylist()[0]["n"]

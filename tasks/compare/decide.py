@@ -15,7 +15,8 @@ Per arm against the base arm (`uniform`), over the seeds both ran:
   two arms' reach on that axis (the smallest last cost over those runs), not at the reach of the slowest run of
   the whole comparison; seconds are generation and training only (tasks/compare/timing.py);
 - the token exchange per paired seed (tasks/core/curves.py `token_exchange`): the base run's generated tokens
-  over the arm's for the same mean pass@1 at the matched token budget (above 1: the arm needs fewer tokens);
+  over the arm's for the same mean pass@1, the lower of the pair's at the matched token budget (above 1: the
+  arm needs fewer tokens);
 - training tokens per run (`TRAINED`: the tokens the optimizer stepped on) beside generated tokens. Prefill
   tokens (prompts, few-shot turns, LoPE prefixes, MCMC contexts) are not recorded by the store
   (models/meter.py counts completions only), and the page says so rather than estimate them.

@@ -9,7 +9,8 @@ the flat per-arm keys written before issue 49 (`<arm>_pass1_at_tokens`, `<arm>_v
 ([difference, low, high], null for the base arm), `relative_vs_uniform`, `paired_seeds`, `seed_test_p`,
 `seed_differences`, `t_interval`, `power_seeds_needed`, `informative_ratio`, `discarded_share`,
 `pass1_at` (per design budget, null where not reached), `auc`, `auc_vs_uniform`, `token_exchange` (the median
-over paired seeds of uniform's generated tokens over the arm's for the same pass@1; tasks/core/curves.py) and
+over paired seeds of uniform's generated tokens over the arm's for the same pass@1, the lower of the pair's at
+the budget; tasks/core/curves.py) and
 `token_exchange_per_seed`, `matched_steps` and
 `matched_work_seconds` (the pair's budget and [difference, low, high]), `train_tokens`, `generated_tokens`,
 `pass1_without_never_solved`. A figure that does not exist (one seed's interval) is null, never NaN.

@@ -109,12 +109,12 @@ def exchange_lines(ev) -> list[str]:
     if not rows:
         return []
     lines = [f"### Token exchange against `{base}` at {ev.budgets['tokens']:.0f} tokens (paired seeds)", "",
-             f"Per paired seed, `{base}`'s generated tokens over the arm's for the same mean held-out pass@1, on "
-             "each run's curve through its checkpoints (first crossing, linear between them; tasks/core/curves.py "
-             f"`token_exchange`): where the arm ends at or below `{base}`, the tokens `{base}` needed to reach the "
-             f"arm's figure, over the budget; where above, the budget over the tokens the arm needed to reach "
-             f"`{base}`'s. Above 1.00x the arm learns with fewer tokens (2.00x: half). As coarse as the milestones "
-             "between which it is read.", "",
+             f"Per paired seed, `{base}`'s generated tokens over the arm's for the same mean held-out pass@1: the "
+             "lower of the pair's figures at the budget, and the tokens each run first reached it with, on its "
+             "curve through its checkpoints (linear between them; tasks/core/curves.py `token_exchange`). Above "
+             "1.00x the arm learns with fewer tokens (2.00x: half). It is read within the budget, not as what "
+             f"`{base}` would need to match a higher figure, and it is as coarse as the milestones between which it "
+             "is read; n/a where neither run rose above the base model.", "",
              "| arm | paired seeds | per seed | median |", "|---|---|---|---|"]
     for arm, d in rows:
         per = ", ".join("n/a" if x is None else f"{x:.2f}x" for x in d.exchange)

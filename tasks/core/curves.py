@@ -13,14 +13,13 @@ every run reached. `area_under` summarises a whole curve up to a budget (issue 4
 the measured checkpoints (milestones, where the run was evaluated at them) and the point at the budget, divided
 by the budget, per prompt, so the same bootstrap applies to it.
 
-`token_exchange` puts a paired pair of runs on one scale, generated tokens: at the budget, how many tokens the
-base run needed for what the arm reached (when the arm is at or below it), or the arm for what the base reached
-(when above), on the piecewise-linear curve of mean held-out pass@1 through the checkpoints, first crossing.
-The ratio (the base's tokens over the arm's for the same pass@1) is above 1 when the arm learns with fewer
-tokens: 2.0 is "the arm at the budget is worth the base at twice the budget" read the other way round, as the
-field states sample efficiency ("reaches the baseline's accuracy with half the tokens"). It needs no checkpoint
-past the budget, so the evidence protocol's runs give it as they stand; between milestones it is as coarse as
-the milestones are.
+`token_exchange` puts a paired pair of runs on one scale, generated tokens: the lower of the two runs' mean
+held-out pass@1 at the budget, and the tokens each run first reached it with, on the piecewise-linear curve
+through its checkpoints. The ratio (the base's tokens over the arm's for that pass@1) is above 1 when the arm
+learns with fewer tokens: 2.0 is "the arm reached the base's figure with half the tokens", as the field states
+sample efficiency. It needs no checkpoint past the budget, so the evidence protocol's runs give it as they
+stand; it is not "what the base would need to match the arm's figure" (that needs the base's runs past the
+budget); between milestones it is as coarse as the milestones are.
 """
 
 from __future__ import annotations
@@ -82,10 +81,11 @@ def tokens_to_reach(costs, curve, target: float) -> float | None:
 
 
 def token_exchange(arm_costs, arm_pass1, base_costs, base_pass1, budget: float) -> float | None:
-    """The base run's generated tokens over the arm's for the same mean pass@1, read at `budget` (module
-    docstring); `*_pass1`: [checkpoints, prompts]. None when a run did not reach the budget or the budget is
-    0 (nothing generated: no exchange to read); inf when the arm's first checkpoint already had the base's figure
-    (a base that did not improve on the shared base model).
+    """The base run's generated tokens over the arm's for the same mean pass@1 (module docstring): the lower of
+    the two runs' figures at `budget`, and each run's first crossing of it, so a run against itself reads 1.0
+    and the two sides of "at or below" meet without a jump. `*_pass1`: [checkpoints, prompts]. None when a run
+    did not reach the budget, the budget is 0 (nothing generated), or both runs had that figure at their first
+    checkpoint (no tokens on either side: nothing learned to compare); inf when only the base had it there.
 
     >>> token_exchange([0, 20, 40], [[0.2], [0.4], [0.5]], [0, 20, 40], [[0.2], [0.3], [0.4]], 40)
     2.0
@@ -97,11 +97,12 @@ def token_exchange(arm_costs, arm_pass1, base_costs, base_pass1, budget: float) 
     a, b = at_budget(arm_costs, arm_pass1, budget), at_budget(base_costs, base_pass1, budget)
     if a is None or b is None:
         return None
-    a_mean, b_mean = float(a.mean()), float(b.mean())
-    if a_mean <= b_mean:  # the base's tokens for the arm's figure, over the budget the arm spent on it
-        return tokens_to_reach(base_costs, np.asarray(base_pass1, dtype=float).mean(axis=1), a_mean) / budget
-    t = tokens_to_reach(arm_costs, np.asarray(arm_pass1, dtype=float).mean(axis=1), b_mean)
-    return budget / t if t else float("inf")
+    level = min(float(a.mean()), float(b.mean())) - 1e-12  # the mean of the interpolation, within rounding
+    t_arm = tokens_to_reach(arm_costs, np.asarray(arm_pass1, dtype=float).mean(axis=1), level)
+    t_base = tokens_to_reach(base_costs, np.asarray(base_pass1, dtype=float).mean(axis=1), level)
+    if t_arm is None or t_base is None or (t_arm == 0 and t_base == 0):
+        return None
+    return t_base / t_arm if t_arm else float("inf")
 
 
 def area_under(costs, pass1, budget: float) -> np.ndarray | None:
