@@ -42,10 +42,10 @@ def in_strata(store: Store, run_id: str, strata: Sequence[str]) -> pl.LazyFrame:
 
 
 def pool_candidates(store: Store, run_id: str, round: int, include_reserve: bool,
-                    strata: Sequence[str] = ()) -> pl.LazyFrame:
-    """The prompt ids a round may draw from: its active pool members, reserve ones if asked, and of `strata`
-    only when it names any (select.strata). Selection, screening's refills, DAPO's batches, the `all` selector
-    and the Sampler read the pool through this one filter."""
+                    strata: Sequence[str] = (), columns: Sequence[str] = ("prompt_id",)) -> pl.LazyFrame:
+    """The prompt ids (and other pool `columns`) a round may draw from: its active pool members, reserve ones if
+    asked, and of `strata` only when it names any (select.strata). Selection, screening's refills, DAPO's
+    batches, the `all` selector, the Sampler and the curriculum export read the pool through this one filter."""
     statuses = ["active", "reserve"] if include_reserve else ["active"]
-    ids = this_round(store, "pool", run_id, round).filter(pl.col("status").is_in(statuses)).select("prompt_id")
+    ids = this_round(store, "pool", run_id, round).filter(pl.col("status").is_in(statuses)).select(*columns)
     return ids.join(in_strata(store, run_id, strata), on="prompt_id", how="semi") if strata else ids

@@ -132,8 +132,8 @@ def decide(arms, curves: dict, base_arm: str, token_budget: float, design_budget
             a, b = _both(arm_at, a_c, b_c, "tokens", budget)
             dec.diff_design[budget] = paired_difference(a, b) if common and a is not None and b is not None else None
         dec.pairs = {axis: pair_match(a_c, b_c, axis) if common else None for axis in PAIR_AXES}
-        dec.exchange = [token_exchange(a.costs["tokens"], a.pass1, b.costs["tokens"], b.pass1, token_budget)
-                        for a, b in zip(a_c, b_c)]
+        dec.exchange = [token_exchange(arm_run.costs["tokens"], arm_run.pass1, base_run.costs["tokens"],
+                                       base_run.pass1, token_budget) for arm_run, base_run in zip(a_c, b_c)]
         if trained is not None:
             dec.train_tokens = float(np.mean([trained.get(i, 0) for i in f.run_ids]))
         out[f.arm] = dec

@@ -60,7 +60,7 @@ def headline(ev, commits: list[str], dirty_runs: list[str]) -> dict:
             "informative_ratio": f.informative, "discarded_share": f.discarded_share,
             "pass1_at": {str(b): (_num(x.mean) if x else None) for b, x in d.at_design.items()},
             "auc": _num(d.auc.mean) if d.auc else None, "auc_vs_uniform": _triple(d.auc_diff),
-            "token_exchange": _num(d.exchange_median) if d.paired_seeds else None,
+            "token_exchange": _num(d.exchange_median),
             "token_exchange_per_seed": [_num(x) for x in d.exchange] if d.paired_seeds else None,
             **{f"matched_{axis}": ({"budget": m.budget, "difference": _triple(m.diff)} if m else None)
                for axis, m in d.pairs.items()},

@@ -94,12 +94,13 @@ def token_exchange(arm_costs, arm_pass1, base_costs, base_pass1, budget: float) 
     """
     if budget <= 0:
         return None
-    a, b = at_budget(arm_costs, arm_pass1, budget), at_budget(base_costs, base_pass1, budget)
+    arm_curve = np.asarray(arm_pass1, dtype=float).mean(axis=1)  # a run's mean pass@1 per checkpoint
+    base_curve = np.asarray(base_pass1, dtype=float).mean(axis=1)
+    a, b = at_budget(arm_costs, arm_curve[:, None], budget), at_budget(base_costs, base_curve[:, None], budget)
     if a is None or b is None:
         return None
-    level = min(float(a.mean()), float(b.mean())) - 1e-12  # the mean of the interpolation, within rounding
-    t_arm = tokens_to_reach(arm_costs, np.asarray(arm_pass1, dtype=float).mean(axis=1), level)
-    t_base = tokens_to_reach(base_costs, np.asarray(base_pass1, dtype=float).mean(axis=1), level)
+    level = min(float(a[0]), float(b[0])) - 1e-12  # a crossing computed by another formula, within rounding
+    t_arm, t_base = tokens_to_reach(arm_costs, arm_curve, level), tokens_to_reach(base_costs, base_curve, level)
     if t_arm is None or t_base is None or (t_arm == 0 and t_base == 0):
         return None
     return t_base / t_arm if t_arm else float("inf")

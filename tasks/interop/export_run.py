@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from storage.query import scan
-from storage.rounds import in_strata, prompts, this_round
+from storage.rounds import pool_candidates, prompts, this_round
 from storage.runs import stored_config
 from storage.store import Store
 from tasks.core.fewshot import ask
@@ -93,10 +93,7 @@ def curriculum_rows(store: Store, run_id: str, round: int, instruction: str, str
                     ) -> pl.DataFrame:
     """Round `round`'s trainable pool (of `strata` only, when the run drew from some) with its text, lineage,
     newest EPS score and selection."""
-    pool = (this_round(store, "pool", run_id, round).filter(pl.col("status").is_in(["active", "reserve"]))
-            .select("prompt_id", "status").unique("prompt_id"))
-    if strata:
-        pool = pool.join(in_strata(store, run_id, strata), on="prompt_id", how="semi")
+    pool = pool_candidates(store, run_id, round, True, strata, ("prompt_id", "status")).unique("prompt_id")
     text = prompts(store, "text", "answer", "source", "root_id", "parent_id", "transform")
     scores = (scan(store, "prompt_scores").filter((pl.col("run_id") == run_id) & (pl.col("round") <= round))
               .sort("round", "policy_version")
