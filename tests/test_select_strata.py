@@ -51,6 +51,11 @@ def test_selection_draws_only_the_named_stratum_and_holds_out_every_one(prefect_
         roots = {r["prompt_id"]: r["stratum"] for r in q(store, "SELECT prompt_id, stratum FROM pool "
                                                                  "WHERE run_id = 'st' AND round = 0")}
         assert rows and {roots[r["root_id"]] for r in rows} == {SUMS_NAME}
+        children = {r["prompt_id"] for r in q(store, """
+            SELECT l.prompt_id FROM pool l JOIN (SELECT DISTINCT prompt_id, root_id FROM prompts) p USING (prompt_id)
+            WHERE l.run_id = 'st' AND l.round = (SELECT max(round) FROM pool WHERE run_id = 'st')
+              AND l.status IN ('active', 'reserve') AND p.prompt_id <> p.root_id""")}
+        assert children and children <= {r["prompt_id"] for r in rows}  # the ladder's rungs go with their roots
 
 
 def test_a_stratum_the_pool_has_not_or_a_flat_split_is_refused():
