@@ -3,8 +3,8 @@
 The pydantic schema (flows/config.py) checks each field on its own; this checks what a field *names*: that
 every pool source can be read (a known reasoning-gym task with known parameters and values, or a .jsonl /
 .parquet file with at least one row and no bad row), that the policy and the teacher are loadable specs
-(a bundled model, a checkpoint folder, or a Hugging Face id that is cached or reachable), and that the
-backend and device can run every enabled stage. The CLI calls it right after `load_config`, before Prefect
+(a bundled model, a checkpoint folder whose tokenizer has a chat template, or a Hugging Face id that is
+cached or reachable), and that the backend and device can run every enabled stage. The CLI calls it right after `load_config`, before Prefect
 starts; the curriculum flow calls it again first thing, so a UI or deployment run is refused the same way.
 
 Choices, and why:
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import json
 import os
 import re
 from pathlib import Path
@@ -99,7 +100,7 @@ def model_problem(spec: str) -> str | None:
     if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():
             return f"{spec!r} is not a transformers checkpoint folder (no config.json in it)"
-        return None
+        return chat_template_problem(path, spec)
     if spec.startswith((".", "/", "~")) or spec.count("/") > 1:  # a path, since a hub id has one slash
         return f"{spec!r}: no such folder"
     if HUB_ID.match(spec):
@@ -107,6 +108,24 @@ def model_problem(spec: str) -> str | None:
     near = difflib.get_close_matches(spec, BUNDLED, n=1)
     return (f"unknown model {spec!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
             + ": use 'default', 'tiny-random', a local checkpoint folder, or a Hugging Face id (owner/name)")
+
+
+def chat_template_problem(path: Path, spec: str) -> str | None:
+    """Why checkpoint folder `path` cannot render a prompt, or None. Every prompt is rendered as chat messages
+    by the tokenizer's template (models/hf/backend.py and models/vllm_backend.py `render`, tasks/train.py), which
+    a base model's tokenizer lacks: without this, the run would fail at its first generation. The template is a
+    chat_template.jinja / .json file beside the tokenizer or a `chat_template` key of tokenizer_config.json; a
+    folder without tokenizer_config.json is left to the loader."""
+    if any((path / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+        return None
+    try:
+        tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(tokenizer_config, dict) and not tokenizer_config.get("chat_template"):
+        return (f"{spec!r}: its tokenizer has no chat template (a base model's?), and every prompt is rendered as "
+                "chat messages; use an instruction-tuned checkpoint or add a chat_template.jinja to the folder")
+    return None
 
 
 def teacher_problem(spec: str) -> str | None:

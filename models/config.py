@@ -21,8 +21,8 @@ class Section(BaseModel):
 class ModelConfig(Section):
     """The policy model and where it runs (models/registry.py loads it)."""
 
-    policy: str = Field("default", description="'default' (embedded SmolLM2-135M-Instruct), 'tiny-random', "
-                        "a local checkpoint folder, or a Hugging Face id")
+    policy: str = Field("default", description="'default' (embedded SmolLM2-135M-Instruct), 'tiny-random', a "
+                        "local checkpoint folder whose tokenizer has a chat template, or a Hugging Face id")
     backend: Literal["transformers", "vllm", "scripted"] = Field(
         "transformers", description="vllm needs the gpu extra; scripted is a deterministic test policy that "
         "solves each prompt at a fixed rate, with the policy model's real token log-probs (models/scripted.py)")

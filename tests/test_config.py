@@ -1,4 +1,6 @@
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -117,6 +119,8 @@ def test_every_field_has_a_description():
     (["model.policy=some-org/some-model"], "model.policy: 'some-org/some-model' is a Hugging Face id that is not "
                                            "in the local cache, and HF_HUB_OFFLINE is set"),
     (["model.policy=notamodel"], "model.policy: 'notamodel' is not a transformers checkpoint folder"),
+    (["model.policy=basemodel"], "model.policy: 'basemodel': its tokenizer has no chat template (a base model's?)"),
+    (["teacher.model=basemodel"], "teacher.model: 'basemodel': its tokenizer has no chat template"),
     (["teacher.model=openai:http://127.0.0.1:9"], "teacher.model: 'openai:http://127.0.0.1:9': no model name"),
     (["teacher.model=openai:localhost#m"], "teacher.model: 'openai:localhost#m': the base URL 'localhost' is not"),
     (["teacher.model=gpt4"], "teacher.model: unknown model 'gpt4'"),
@@ -129,12 +133,33 @@ def test_preflight_names_what_cannot_run(tmp_path, monkeypatch, sets, problem):
     (tmp_path / "empty.jsonl").write_text("\n \n")
     (tmp_path / "bad.jsonl").write_text('{"question": "q", "answer": 1}\n{"question": "x"}\n')
     (tmp_path / "notamodel").mkdir()
+    (tmp_path / "basemodel").mkdir()  # a base model's folder: weights and a tokenizer, no chat template
+    (tmp_path / "basemodel" / "config.json").write_text("{}")
+    (tmp_path / "basemodel" / "tokenizer_config.json").write_text('{"tokenizer_class": "GemmaTokenizer"}')
     config = load_config(sets=sets)
     with pytest.raises(ValueError) as err:
         validate_for_run(config)
     message = str(err.value)
     assert message.startswith("invalid config: ") and "\n" not in message
     assert problem in message
+
+
+def test_a_checkpoint_folder_with_a_chat_template_passes(tmp_path):
+    """The template may be a file beside the tokenizer (what transformers saves, and Refinery's checkpoints
+    hold) or a key of tokenizer_config.json; either passes, and the folder then loads and renders."""
+    from flows.preflight import model_problem
+    from models.registry import resolve
+
+    tiny = Path(resolve("tiny-random"))
+    assert (tiny / "chat_template.jinja").is_file() and model_problem(str(tiny)) is None
+    keyed = tmp_path / "keyed"
+    keyed.mkdir()
+    (keyed / "config.json").write_text("{}")
+    template = (tiny / "chat_template.jinja").read_text()
+    (keyed / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    assert model_problem(str(keyed)) is None
+    (keyed / "tokenizer_config.json").write_text(json.dumps({"chat_template": ""}))
+    assert "no chat template" in model_problem(str(keyed))
 
 
 def test_vllm_is_refused_only_for_what_it_cannot_run(monkeypatch):
