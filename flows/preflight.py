@@ -4,8 +4,9 @@ The pydantic schema (flows/config.py) checks each field on its own; this checks 
 every pool source can be read (a known reasoning-gym task with known parameters and values, or a .jsonl /
 .parquet file with at least one row and no bad row), that the policy and the teacher are loadable specs
 (a bundled model, a checkpoint folder whose tokenizer has a chat template, or a Hugging Face id that is
-cached or reachable), and that the backend and device can run every enabled stage. The CLI calls it right after `load_config`, before Prefect
-starts; the curriculum flow calls it again first thing, so a UI or deployment run is refused the same way.
+cached, with one, or reachable), and that the backend and device can run every enabled stage. The CLI calls it
+right after `load_config`, before Prefect starts; the curriculum flow calls it again first thing, so a UI or
+deployment run is refused the same way.
 
 Choices, and why:
 - Every problem is collected, then raised as one ValueError of one line naming each field
@@ -66,8 +67,9 @@ def hub_problem(repo: str) -> str | None:
     from huggingface_hub import HfApi, try_to_load_from_cache
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
-    if isinstance(try_to_load_from_cache(repo, "config.json"), str):
-        return None
+    if isinstance(config := try_to_load_from_cache(repo, "config.json"), str):
+        snapshot = Path(config).parent  # checked only where the tokenizer was cached too: it loads from there
+        return chat_template_problem(snapshot, repo) if (snapshot / "tokenizer_config.json").is_file() else None
     if _offline():
         return (f"{repo!r} is a Hugging Face id that is not in the local cache, and HF_HUB_OFFLINE is set; "
                 "download it first, or use a local checkpoint folder")
@@ -113,19 +115,27 @@ def model_problem(spec: str) -> str | None:
 def chat_template_problem(path: Path, spec: str) -> str | None:
     """Why checkpoint folder `path` cannot render a prompt, or None. Every prompt is rendered as chat messages
     by the tokenizer's template (models/hf/backend.py and models/vllm_backend.py `render`, tasks/train.py), which
-    a base model's tokenizer lacks: without this, the run would fail at its first generation. The template is a
-    chat_template.jinja / .json file beside the tokenizer or a `chat_template` key of tokenizer_config.json; a
-    folder without tokenizer_config.json is left to the loader."""
-    if any((path / name).is_file() for name in ("chat_template.jinja", "chat_template.json")):
+    a base model's tokenizer lacks: without this, the run would fail at its first generation. Where
+    transformers' tokenizer finds one: chat_template.jinja beside it (what `save_pretrained` writes, so
+    Refinery's own checkpoints have it), additional_chat_templates/default.jinja, or a `chat_template` key of
+    tokenizer_config.json: a string, or a list of named templates with one named "default" (without it,
+    `apply_chat_template` refuses to choose). A processor's chat_template.json is not the tokenizer's.
+    A tokenizer_config.json that is not JSON is left to the loader, which names it."""
+    if (path / "chat_template.jinja").is_file() or (path / "additional_chat_templates" / "default.jinja").is_file():
         return None
     try:
         tokenizer_config = json.loads((path / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
+    except OSError:
+        tokenizer_config = {}
+    except ValueError:
         return None
-    if isinstance(tokenizer_config, dict) and not tokenizer_config.get("chat_template"):
-        return (f"{spec!r}: its tokenizer has no chat template (a base model's?), and every prompt is rendered as "
-                "chat messages; use an instruction-tuned checkpoint or add a chat_template.jinja to the folder")
-    return None
+    template = tokenizer_config.get("chat_template") if isinstance(tokenizer_config, dict) else None
+    if isinstance(template, list):
+        template = any(isinstance(t, dict) and t.get("name") == "default" and t.get("template") for t in template)
+    if template:
+        return None
+    return (f"{spec!r}: its tokenizer has no chat template (a base model's?), and every prompt is rendered as "
+            "chat messages; use an instruction-tuned checkpoint or add a chat_template.jinja to the folder")
 
 
 def teacher_problem(spec: str) -> str | None:

